@@ -1,0 +1,1 @@
+"""Command-line converters: upcycle dense checkpoints into expert models."""

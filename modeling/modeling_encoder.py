@@ -1,0 +1,293 @@
+"""The shared BERT-compatible encoder used by every model type of this package.
+
+Parameter names are those of transformers' `BertModel` (`embeddings.*`,
+`encoder.layer.N.attention.self.query`, ...), so `bert`, `roberta` and `xlm-roberta` checkpoints
+load without renaming except in the layers a model type replaces. A model type plugs in its own
+layer class for the layers that hold experts (see `EncoderStack`); everything else is written once
+here.
+
+This file is copied into saved model folders: it imports only torch and public transformers names.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .configuration_encoder import EncoderConfig
+
+
+class EncoderEmbeddings(nn.Module):
+    """Word + absolute position + token type embeddings, then LayerNorm and dropout (BERT)."""
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.position_offset = config.position_offset
+
+    def forward(self, input_ids, token_type_ids=None, position_ids=None, inputs_embeds=None) -> torch.Tensor:
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        seq_length = inputs_embeds.shape[1]
+        # Positions are computed, not kept in a buffer: models are built on the meta device by
+        # `from_pretrained`, and a computed range cannot be left uninitialised.
+        if position_ids is None:
+            position_ids = torch.arange(
+                self.position_offset, self.position_offset + seq_length, device=inputs_embeds.device
+            ).unsqueeze(0)
+        if token_type_ids is None:
+            # Type 0 for every token: add the row instead of embedding a tensor of zeros.
+            embeddings = inputs_embeds + self.token_type_embeddings.weight[0]
+        else:
+            embeddings = inputs_embeds + self.token_type_embeddings(token_type_ids)
+        # Same summation order as BertEmbeddings, so upcycled models match the dense one bit for bit.
+        embeddings = embeddings + self.position_embeddings(position_ids)
+        return self.dropout(self.LayerNorm(embeddings))
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+):
+    """Plain softmax attention; `attention_mask` is additive. Returns `(output, weights)`."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (batch, heads, seq, seq)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = nn.functional.softmax(scores, dim=-1)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (batch, seq, heads, head_dim)
+    return output, weights
+
+
+class EncoderSelfAttention(nn.Module):
+    """Multi-head self-attention through transformers' attention interface (sdpa, eager, ...)."""
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.config = config
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = False
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        batch, seq, _ = hidden_states.shape
+        shape = (batch, seq, -1, self.head_dim)
+        query = self.query(hidden_states).view(shape).transpose(1, 2)  # (batch, heads, seq, head_dim)
+        key = self.key(hidden_states).view(shape).transpose(1, 2)
+        value = self.value(hidden_states).view(shape).transpose(1, 2)
+        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        output, weights = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.dropout_p if self.training else 0.0,
+            scaling=self.scaling,
+            is_causal=False,
+            **kwargs,
+        )
+        return output.reshape(batch, seq, -1), weights
+
+
+class EncoderSelfOutput(nn.Module):
+    """Attention output projection, dropout, residual and (unless an expert owns it) LayerNorm."""
+
+    def __init__(self, config: EncoderConfig, with_norm: bool = True):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        if with_norm:
+            self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.with_norm = with_norm
+
+    def forward(self, hidden_states, input_tensor):
+        hidden_states = self.dropout(self.dense(hidden_states)) + input_tensor
+        return self.LayerNorm(hidden_states) if self.with_norm else hidden_states
+
+
+class EncoderAttention(nn.Module):
+    """`attention.self` + `attention.output`, as in BERT."""
+
+    def __init__(self, config: EncoderConfig, with_norm: bool = True):
+        super().__init__()
+        self.self = EncoderSelfAttention(config)
+        self.output = EncoderSelfOutput(config, with_norm=with_norm)
+
+    def forward(self, hidden_states, attention_mask=None, **kwargs):
+        attended, weights = self.self(hidden_states, attention_mask, **kwargs)
+        return self.output(attended, hidden_states), weights
+
+
+class EncoderIntermediate(nn.Module):
+    """First feed-forward projection and activation."""
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states):
+        return self.intermediate_act_fn(self.dense(hidden_states))
+
+
+class EncoderOutput(nn.Module):
+    """Second feed-forward projection, dropout, residual and LayerNorm."""
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, input_tensor):
+        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
+
+
+class EncoderLayer(GradientCheckpointingLayer):
+    """A dense post-LN BERT layer. Expert layers subclass it and override `feed_forward`.
+
+    `routing` is whatever the model type computed once per forward pass (MoTE: the row segments of
+    each task); dense layers ignore it.
+    """
+
+    attention_norm_in_layer = True
+
+    def __init__(self, config: EncoderConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.attention = EncoderAttention(config, with_norm=self.attention_norm_in_layer)
+        self.build_feed_forward(config)
+
+    def build_feed_forward(self, config: EncoderConfig) -> None:
+        """Create the feed-forward parameters (BERT's `intermediate` and `output`)."""
+        self.intermediate = EncoderIntermediate(config)
+        self.output = EncoderOutput(config)
+
+    def feed_forward(self, attention_output: torch.Tensor, routing) -> torch.Tensor:
+        """Feed-forward block on the attention output `(batch, seq, hidden)`."""
+        return self.output(self.intermediate(attention_output), attention_output)
+
+    def forward(self, hidden_states, attention_mask=None, routing=None, **kwargs):
+        attention_output, weights = self.attention(hidden_states, attention_mask, **kwargs)
+        return self.feed_forward(attention_output, routing), weights
+
+
+class EncoderStack(nn.Module):
+    """`encoder.layer.N`: dense layers, with `expert_layer_cls` at the indices in `expert_layers`."""
+
+    def __init__(self, config: EncoderConfig, expert_layer_cls: type | None = None, expert_layers=()):
+        super().__init__()
+        expert_layers = set(expert_layers)
+        self.layer = nn.ModuleList(
+            (expert_layer_cls if i in expert_layers else EncoderLayer)(config, layer_idx=i)
+            for i in range(config.num_hidden_layers)
+        )
+
+    def forward(self, hidden_states, attention_mask=None, routing=None, output_hidden_states=False,
+                output_attentions=False, **kwargs):
+        all_hidden = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layer:
+            hidden_states, weights = layer(hidden_states, attention_mask, routing, **kwargs)
+            if output_hidden_states:
+                all_hidden += (hidden_states,)
+            if output_attentions:
+                all_attentions += (weights,)
+        return hidden_states, all_hidden, all_attentions
+
+
+class EncoderPooler(nn.Module):
+    """BERT's pooler: dense + tanh on the first token."""
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states):
+        return self.activation(self.dense(hidden_states[:, 0]))
+
+
+def build_attention_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype, implementation: str):
+    """Turn a `(batch, seq)` 0/1 padding mask into what the attention interface expects.
+
+    Returns `None` when nothing is padded (sdpa then takes its fastest kernel), a boolean
+    `(batch, 1, 1, seq)` mask for sdpa, and an additive float mask otherwise.
+    """
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    keep = attention_mask[:, None, None, :].bool()
+    if implementation == "sdpa":
+        return keep
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
+
+
+class EncoderPreTrainedModel(PreTrainedModel):
+    """Base of every model of this package: weight init, attention backends, checkpointing."""
+
+    config_class = EncoderConfig
+    base_model_prefix = "encoder_model"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_attention_backend = True
+    _no_split_modules = ["EncoderEmbeddings", "EncoderLayer"]
+
+    def get_input_embeddings(self):
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.embeddings.word_embeddings = value
+
+    def encode(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+               inputs_embeds=None, routing=None, output_hidden_states=None, output_attentions=None):
+        """Run embeddings, the layer stack and the pooler; returns `(last, pooled, hidden, attentions)`."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`")
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
+        if output_attentions is None:
+            output_attentions = self.config.output_attentions
+        if output_attentions and self.config._attn_implementation == "sdpa":
+            raise ValueError("`output_attentions=True` needs `attn_implementation='eager'`; sdpa returns no weights")
+        hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
+        mask = build_attention_mask(attention_mask, hidden.dtype, self.config._attn_implementation)
+        last, all_hidden, all_attentions = self.encoder(
+            hidden, mask, routing, output_hidden_states=output_hidden_states, output_attentions=output_attentions
+        )
+        pooled = self.pooler(last) if self.pooler is not None else None
+        return last, pooled, all_hidden, all_attentions
+
+
+__all__ = [
+    "EncoderEmbeddings",
+    "EncoderSelfAttention",
+    "EncoderAttention",
+    "EncoderIntermediate",
+    "EncoderOutput",
+    "EncoderLayer",
+    "EncoderStack",
+    "EncoderPooler",
+    "EncoderPreTrainedModel",
+    "build_attention_mask",
+]

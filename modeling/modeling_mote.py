@@ -1,0 +1,232 @@
+"""MoTE: Mixture of Task Experts (Romero et al., 2025, "MoTE: Mixture of Task Experts for
+Multi-task Embedding Models").
+
+Expert layers hold one expert per task. An expert is the part of a post-LN BERT layer after the
+attention projection: `attention.output.LayerNorm`, `intermediate.dense`, `output.dense` and
+`output.LayerNorm` (the paper's "LayerNorm + MLP + LayerNorm"). Every token of a sequence goes
+through the expert of the sequence's task; the task comes from an explicit `task`/`task_ids`
+argument or from the instruction prefix the text starts with.
+
+A batch is routed once per forward pass: rows are stably sorted by task (a no-op for a
+single-task batch), every expert layer applies each expert to one contiguous slice of rows, and
+the outputs are put back in input order at the end.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+from .configuration_mote import MoteBertConfig
+from .modeling_encoder import (
+    EncoderEmbeddings,
+    EncoderIntermediate,
+    EncoderLayer,
+    EncoderOutput,
+    EncoderPooler,
+    EncoderPreTrainedModel,
+    EncoderStack,
+)
+
+
+@dataclass
+class MoteModelOutput(BaseModelOutputWithPooling):
+    r"""
+    Output of [`MoteBertModel`].
+
+    task_ids (`torch.LongTensor` of shape `(batch_size,)`):
+        Index into `config.tasks` of the expert each row was routed to.
+    """
+
+    task_ids: torch.LongTensor | None = None
+
+
+@dataclass(frozen=True)
+class MoteRouting:
+    """Routing of one (task-sorted) batch: `(expert, start_row, end_row)` for each task present."""
+
+    segments: tuple[tuple[int, int, int], ...]
+
+
+class MoteBertExpert(nn.Module):
+    """One task expert: attention-output LayerNorm, then BERT's feed-forward block."""
+
+    def __init__(self, config: MoteBertConfig):
+        super().__init__()
+        self.attention_LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.intermediate = EncoderIntermediate(config)
+        self.output = EncoderOutput(config)
+
+    def forward(self, residual: torch.Tensor) -> torch.Tensor:
+        # residual: (rows, seq, hidden), the attention projection plus its input, before the norm
+        attention_output = self.attention_LayerNorm(residual)
+        return self.output(self.intermediate(attention_output), attention_output)
+
+
+class MoteBertLayer(EncoderLayer):
+    """A layer whose post-attention LayerNorm and feed-forward block are per-task experts."""
+
+    attention_norm_in_layer = False
+
+    def build_feed_forward(self, config: MoteBertConfig) -> None:
+        self.experts = nn.ModuleList(MoteBertExpert(config) for _ in range(config.num_tasks))
+
+    def feed_forward(self, attention_output: torch.Tensor, routing: MoteRouting) -> torch.Tensor:
+        if len(routing.segments) == 1:
+            return self.experts[routing.segments[0][0]](attention_output)
+        # One call per task present, each on a contiguous slice of rows (a view, no gather).
+        return torch.cat(
+            [self.experts[expert](attention_output[start:end]) for expert, start, end in routing.segments]
+        )
+
+
+def detect_task_ids(input_ids: torch.Tensor, config: MoteBertConfig) -> torch.LongTensor:
+    """Task of each row from the instruction prefix its tokens start with; -1 where none matches.
+
+    Prefixes are compared as token ids (`config.task_prefix_ids`, leading special tokens included);
+    the longest matching prefix wins.
+    """
+    task_ids = torch.full(input_ids.shape[:1], -1, dtype=torch.long, device=input_ids.device)
+    prefixes = sorted((config.task_prefix_ids or {}).items(), key=lambda item: -len(item[1]))
+    for task, ids in prefixes:
+        if not ids or len(ids) > input_ids.shape[1]:
+            continue
+        prefix = torch.tensor(ids, dtype=input_ids.dtype, device=input_ids.device)
+        match = (input_ids[:, : len(ids)] == prefix).all(dim=1) & (task_ids < 0)
+        task_ids.masked_fill_(match, config.tasks.index(task))
+    return task_ids
+
+
+def resolve_task_ids(config: MoteBertConfig, batch_size: int, device, task=None, task_ids=None,
+                     input_ids=None) -> torch.LongTensor:
+    """Expert index per row: `task` > `task_ids` > instruction prefix in `input_ids` > `default_task`.
+
+    Raises:
+        ValueError: for an unknown task name, a wrong number of tasks, out-of-range ids, or rows
+            whose task cannot be determined (the message lists valid tasks and prefixes).
+    """
+    if task is not None:
+        names = [task] * batch_size if isinstance(task, str) else list(task)
+        if len(names) != batch_size:
+            raise ValueError(f"`task` holds {len(names)} names for a batch of {batch_size} rows; pass one name or one per row")
+        return torch.tensor([config.task_index(name) for name in names], dtype=torch.long, device=device)
+    if task_ids is not None:
+        ids = torch.as_tensor(task_ids, dtype=torch.long, device=device).reshape(-1)
+        if ids.numel() == 1:
+            ids = ids.expand(batch_size)
+        if ids.numel() != batch_size:
+            raise ValueError(f"`task_ids` holds {ids.numel()} ids for a batch of {batch_size} rows")
+        if bool(((ids < 0) | (ids >= config.num_tasks)).any()):
+            raise ValueError(f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.tasks}), got {ids.tolist()}")
+        return ids
+    ids = torch.full((batch_size,), -1, dtype=torch.long, device=device)
+    if input_ids is not None:
+        ids = detect_task_ids(input_ids, config)
+    unresolved = ids < 0
+    if bool(unresolved.any()):
+        if config.default_task is None:
+            rows = unresolved.nonzero().flatten().tolist()
+            raise ValueError(
+                f"Cannot tell the task of rows {rows[:10]}{'...' if len(rows) > 10 else ''}: pass `task=` "
+                f"(one name or one per row), `task_ids=`, or start the text with a task prefix. "
+                f"{config.describe_tasks()}"
+            )
+        ids = ids.masked_fill(unresolved, config.tasks.index(config.default_task))
+    return ids
+
+
+class MoteBertPreTrainedModel(EncoderPreTrainedModel):
+    """Base class of MoTE models: config class and module names for device maps."""
+
+    config_class = MoteBertConfig
+    _no_split_modules = ["EncoderEmbeddings", "EncoderLayer", "MoteBertLayer"]
+
+
+class MoteBertModel(MoteBertPreTrainedModel):
+    """BERT encoder with per-task experts in `config.expert_layers`, routed per sequence.
+
+    Example:
+
+    ```python
+    >>> model = AutoModel.from_pretrained("models/mote-minilm", trust_remote_code=True)
+    >>> batch = tokenizer(["search_query: who was newton?"], return_tensors="pt")
+    >>> model(**batch).last_hidden_state            # expert chosen from the prefix
+    >>> model(**batch, task="query").pooler_output  # or named explicitly
+    ```
+    """
+
+    def __init__(self, config: MoteBertConfig):
+        super().__init__(config)
+        self.embeddings = EncoderEmbeddings(config)
+        self.encoder = EncoderStack(config, MoteBertLayer, config.expert_layers)
+        self.pooler = EncoderPooler(config) if config.add_pooling_layer else None
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        task: str | list[str] | None = None,
+        task_ids: torch.LongTensor | list[int] | int | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> MoteModelOutput:
+        r"""
+        task (`str` or `list[str]`, *optional*): Task of the whole batch, or one per row. Names from
+            `config.tasks` or `config.task_aliases`.
+        task_ids (`torch.LongTensor` of shape `(batch_size,)` or `int`, *optional*): Expert index per
+            row (into `config.tasks`). Used when `task` is not given.
+
+        Without either, each row's task is read from the instruction prefix its `input_ids` start
+        with, then `config.default_task`; otherwise a `ValueError` lists the valid tasks.
+        """
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is None:
+            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`")
+        batch_size = reference.shape[0]
+        if batch_size == 0:
+            raise ValueError("Got an empty batch: `input_ids` has 0 rows")
+        ids = resolve_task_ids(self.config, batch_size, reference.device, task, task_ids, input_ids)
+
+        counts = torch.bincount(ids, minlength=self.config.num_tasks).tolist()
+        order = None
+        if max(counts) < batch_size:
+            order = torch.argsort(ids, stable=True)
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = (
+                _take_rows(t, order) for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+            )
+        segments, start = [], 0
+        for expert, count in enumerate(counts):
+            if count:
+                segments.append((expert, start, start + count))
+                start += count
+
+        last, pooled, hidden, attentions = self.encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            routing=MoteRouting(tuple(segments)), output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
+        if order is not None:
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(batch_size, device=order.device)
+            last, pooled = _take_rows(last, inverse), _take_rows(pooled, inverse)
+            hidden = tuple(h[inverse] for h in hidden) if hidden is not None else None
+            attentions = tuple(a[inverse] for a in attentions) if attentions is not None else None
+        return MoteModelOutput(
+            last_hidden_state=last, pooler_output=pooled, hidden_states=hidden, attentions=attentions, task_ids=ids
+        )
+
+
+def _take_rows(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
+    """Rows `index` of `tensor`, passing through `None` and tensors broadcast over the batch."""
+    if tensor is None or tensor.shape[0] != index.shape[0]:
+        return tensor
+    return tensor.index_select(0, index)
+
+
+__all__ = ["MoteBertModel", "MoteBertPreTrainedModel", "MoteBertLayer", "MoteBertExpert", "MoteModelOutput"]
