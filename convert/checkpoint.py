@@ -244,18 +244,20 @@ def _apply_umask(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-def copy_tokenizer_files(source: Path, target: Path) -> list[str]:
-    """Copy the tokenizer files of `source`; refuse a source without a usable tokenizer."""
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, target / name)
-            copied.append(name)
-    if not any(name in copied for name in ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model")):
+def tokenizer_files(source: Path) -> list[str]:
+    """Names of the tokenizer files in `source`; refuses a source without a usable tokenizer."""
+    found = [name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
+    if not any(name in found for name in ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model")):
         raise ConversionError(
             f"{source} has no tokenizer (expected tokenizer.json, vocab.txt, vocab.json or sentencepiece.bpe.model)"
         )
-    return copied
+    return found
+
+
+def copy_tokenizer_files(source: Path, target: Path) -> None:
+    """Copy the tokenizer files of `source` into `target`."""
+    for name in tokenizer_files(source):
+        shutil.copy2(Path(source) / name, Path(target) / name)
 
 
 def copy_modeling_files(target: Path, names: list[str]) -> None:

@@ -34,6 +34,7 @@ from convert.checkpoint import (
     read_dense_checkpoint,
     resolve_source,
     run_cli,
+    tokenizer_files,
     write_sentence_transformers_files,
 )
 from modeling.configuration_mote import DEFAULT_TASK_PREFIXES, MoteBertConfig
@@ -210,6 +211,7 @@ def upcycle_mote(args) -> Path:
     base_name = args.base or "sentence-transformers/all-MiniLM-L6-v2"
     logger.info("reading dense checkpoint %s", source)
     dense_config, dense_state = read_dense_checkpoint(source)
+    tokenizer_files(source)
     dtype = parse_dtype(args.dtype)
     output = Path(args.output)
     if output.exists() and not args.overwrite:  # refuse before any work

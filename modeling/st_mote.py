@@ -15,7 +15,7 @@ from sentence_transformers.models import Transformer
 class MoteTransformer(Transformer):
     """`Transformer` that turns a task name into per-row expert ids for a `MoteBertModel`.
 
-    When a task is given without a prompt, the task's instruction prefix is put in front of each
+    When a task is given without a prompt (`prompt=None`), the task's instruction prefix is put in front of each
     text (MoTE experts are trained on prefixed inputs); set `prepend_task_prefix=False` in
     `sentence_bert_config.json` to route without it.
     """
@@ -39,7 +39,7 @@ class MoteTransformer(Transformer):
         task_id = None
         if task is not None:
             task_id = config.task_index(task)  # ValueError listing valid tasks for an unknown name
-            if not prompt and self.prepend_task_prefix:
+            if prompt is None and self.prepend_task_prefix:
                 prompt = config.task_prefixes[config.tasks[task_id]]
         features = super().preprocess(inputs, prompt=prompt, task=task, **kwargs)
         if task_id is not None and "input_ids" in features:

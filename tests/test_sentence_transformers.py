@@ -1,0 +1,102 @@
+"""The Sentence-Transformers module: prompts, encode_query/encode_document and task= pick experts."""
+
+import pytest
+import torch
+from conftest import TEXTS
+from sentence_transformers import SentenceTransformer
+
+PROMPTS = {
+    "query": "search_query: ",
+    "document": "search_document: ",
+    "passage": "search_document: ",
+    "classification": "classification: ",
+    "clustering": "clustering: ",
+}
+
+
+@pytest.fixture(scope="module")
+def st_mote(mote_dir):
+    return SentenceTransformer(mote_dir, trust_remote_code=True)
+
+
+@pytest.fixture(scope="module")
+def st_dense(dense_path):
+    return SentenceTransformer(dense_path)
+
+
+def test_saved_prompts(st_mote):
+    assert st_mote.prompts == PROMPTS
+    assert "task" in st_mote.get_model_kwargs()
+
+
+@pytest.mark.parametrize("prompt_name", sorted(PROMPTS))
+def test_prompt_embeddings_equal_dense_model(st_mote, st_dense, prompt_name):
+    got = st_mote.encode(TEXTS, prompt_name=prompt_name, convert_to_tensor=True)
+    expected = st_dense.encode([PROMPTS[prompt_name] + t for t in TEXTS], convert_to_tensor=True)
+    assert (got - expected).abs().max() <= 1e-5
+
+
+def test_encode_query_document_and_task_kwarg_equal_dense(st_mote, st_dense):
+    def dense(prefix):
+        return st_dense.encode([prefix + t for t in TEXTS], convert_to_tensor=True)
+
+    assert (st_mote.encode_query(TEXTS, convert_to_tensor=True) - dense("search_query: ")).abs().max() <= 1e-5
+    assert (st_mote.encode_document(TEXTS, convert_to_tensor=True) - dense("search_document: ")).abs().max() <= 1e-5
+    # task= alone adds the task's prefix and routes to its expert
+    assert (st_mote.encode(TEXTS, task="clustering", convert_to_tensor=True) - dense("clustering: ")).abs().max() <= 1e-5
+    # raw text that already carries a prefix is routed by it
+    raw = st_mote.encode(["classification: " + t for t in TEXTS], convert_to_tensor=True)
+    assert (raw - dense("classification: ")).abs().max() <= 1e-5
+
+
+@pytest.fixture(scope="module")
+def st_mote_specialised(mote_dir):
+    """MoTE whose experts differ, so that the routing of each call is observable."""
+    model = SentenceTransformer(mote_dir, trust_remote_code=True)
+    auto_model = model[0].auto_model
+    with torch.no_grad():
+        for layer in auto_model.config.expert_layers:
+            for index, expert in enumerate(auto_model.encoder.layer[layer].experts):
+                expert.output.LayerNorm.bias.add_(0.05 * (index + 1))
+    return model
+
+
+def _routed_by(model, texts, prompt_name, **kwargs):
+    """Which expert produced the embeddings: compare with each task forced on the same input text."""
+    got = model.encode(texts, convert_to_tensor=True, prompt_name=prompt_name, **kwargs)
+    prompt = model.prompts[prompt_name]
+    matches = []
+    for task in model[0].auto_model.config.tasks:
+        forced = model.encode(texts, convert_to_tensor=True, task=task, prompt=prompt)
+        if torch.allclose(got, forced, atol=1e-6):
+            matches.append(task)
+    return matches
+
+
+def test_each_entry_point_routes_to_its_expert(st_mote_specialised):
+    model = st_mote_specialised
+    assert _routed_by(model, TEXTS, "clustering") == ["clustering"]
+    assert _routed_by(model, TEXTS, "passage") == ["document"]
+    # an explicit task beats the prompt's prefix
+    assert _routed_by(model, TEXTS, "query", task="classification") == ["classification"]
+    query = model.encode_query(TEXTS, convert_to_tensor=True)
+    assert torch.allclose(query, model.encode(TEXTS, prompt_name="query", task="query", convert_to_tensor=True))
+    document = model.encode_document(TEXTS, convert_to_tensor=True)
+    assert torch.allclose(document, model.encode(TEXTS, prompt_name="document", task="document", convert_to_tensor=True))
+    assert not torch.allclose(query, document, atol=1e-3)
+
+
+def test_task_without_prefix_option(mote_dir):
+    model = SentenceTransformer(mote_dir, trust_remote_code=True)
+    model[0].prepend_task_prefix = False
+    with_task = model.encode(TEXTS, task="query", convert_to_tensor=True)
+    reference = SentenceTransformer(mote_dir, trust_remote_code=True).encode(TEXTS, task="query", prompt="", convert_to_tensor=True)
+    assert not torch.allclose(with_task, model.encode(TEXTS, prompt_name="query", convert_to_tensor=True))
+    assert torch.allclose(with_task, reference, atol=1e-6)
+
+
+def test_unknown_task_and_missing_task_errors(st_mote):
+    with pytest.raises(ValueError, match=r"Unknown task 'legal'.*Valid tasks"):
+        st_mote.encode(TEXTS, task="legal")
+    with pytest.raises(ValueError, match="Cannot tell the task"):
+        st_mote.encode(TEXTS)

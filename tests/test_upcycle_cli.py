@@ -1,0 +1,181 @@
+"""convert/upcycle.py as a user runs it: outputs, refusals with exit code 2, nothing half-written."""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import read_json, run_script
+from safetensors.torch import load_file, save_file
+
+from convert.checkpoint import ConversionError, map_state_dict, run_cli
+from convert.upcycle import main as upcycle_main
+
+
+def upcycle(capsys, *args) -> tuple[int, str]:
+    """Run the converter in this process (fast); returns (exit code, stderr)."""
+    try:
+        run_cli(upcycle_main, list(args))
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
+def _tree_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        digest.update(str(path.relative_to(folder)).encode())
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _leftovers(parent: Path) -> list[str]:
+    return [p.name for p in parent.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_default_run_writes_a_complete_folder(mote_dir, dense_path):
+    folder = Path(mote_dir)
+    names = {p.name for p in folder.iterdir()}
+    expected = {
+        "config.json", "model.safetensors", "README.md", "modules.json", "sentence_bert_config.json",
+        "config_sentence_transformers.json", "st_mote.py", "modeling_mote.py", "configuration_mote.py",
+        "modeling_encoder.py", "configuration_encoder.py", "tokenizer.json", "tokenizer_config.json", "1_Pooling",
+    }  # fmt: skip
+    assert expected <= names, expected - names
+    assert not [n for n in names if n.endswith((".bin", ".pt", ".pkl"))]
+    config = read_json(folder / "config.json")
+    assert config["model_type"] == "mote_bert"
+    assert config["auto_map"] == {"AutoConfig": "configuration_mote.MoteBertConfig", "AutoModel": "modeling_mote.MoteBertModel"}
+    assert config["expert_layers"] == [1, 3, 5] and config["tasks"] == ["query", "document", "classification", "clustering"]
+    assert read_json(folder / "modules.json")[0]["type"] == "st_mote.MoteTransformer"
+    assert read_json(folder / "1_Pooling" / "config.json") == read_json(Path(dense_path) / "1_Pooling" / "config.json")
+    card = (folder / "README.md").read_text()
+    assert card.startswith("---\n") and "pipeline_tag: sentence-similarity" in card and "search_query: " in card
+    # every expert of every expert layer is the dense FFN
+    dense = load_file(str(Path(dense_path) / "model.safetensors"))
+    mote = load_file(str(folder / "model.safetensors"))
+    for layer in (1, 3, 5):
+        for expert in range(4):
+            assert torch.equal(mote[f"encoder.layer.{layer}.experts.{expert}.intermediate.dense.weight"],
+                               dense[f"encoder.layer.{layer}.intermediate.dense.weight"])  # fmt: skip
+            assert torch.equal(mote[f"encoder.layer.{layer}.experts.{expert}.attention_LayerNorm.weight"],
+                               dense[f"encoder.layer.{layer}.attention.output.LayerNorm.weight"])  # fmt: skip
+    assert torch.equal(mote["encoder.layer.0.intermediate.dense.weight"], dense["encoder.layer.0.intermediate.dense.weight"])
+
+
+def test_existing_output_is_refused_without_overwrite(mote_dir):
+    before = _tree_digest(Path(mote_dir))
+    result = run_script("convert/upcycle.py", "--output", mote_dir)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"error: {Path(mote_dir).resolve()} already exists; pass --overwrite to replace it"
+    assert "Traceback" not in result.stderr
+    assert _tree_digest(Path(mote_dir)) == before
+
+
+def test_overwrite_replaces_atomically(tmp_path, capsys):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "stale.txt").write_text("old")
+    code, err = upcycle(capsys, "--output", str(out), "--overwrite", "--expert-layers", "all",
+                        "--tasks", "query", "document", "--no-verify")  # fmt: skip
+    assert code == 0, err
+    assert not (out / "stale.txt").exists()
+    assert read_json(out / "config.json")["expert_layers"] == [0, 1, 2, 3, 4, 5]
+    assert read_json(out / "config_sentence_transformers.json")["prompts"] == {
+        "query": "search_query: ", "document": "search_document: ", "passage": "search_document: "}  # fmt: skip
+    assert _leftovers(tmp_path) == []
+
+
+def _copy_source(dense_path: str, target: Path) -> Path:
+    shutil.copytree(dense_path, target)
+    return target
+
+
+@pytest.mark.parametrize(
+    "breakage, message",
+    [
+        ("architecture", "unsupported architecture model_type='gpt2'"),
+        ("corrupt", "is not a readable safetensors file"),
+        ("tokenizer", "has no tokenizer"),
+        ("pickle", "only pickle weights"),
+        ("layers", "expert_layers` holds layer indices [9]"),
+        ("task", "task 'legal' needs a prefix"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage, message):
+    source = _copy_source(dense_path, tmp_path / "source")
+    args = ["--base", str(source), "--output", str(tmp_path / "out")]
+    if breakage == "architecture":
+        config = read_json(source / "config.json")
+        config["model_type"] = "gpt2"
+        (source / "config.json").write_text(json.dumps(config))
+    elif breakage == "corrupt":
+        data = (source / "model.safetensors").read_bytes()
+        (source / "model.safetensors").write_bytes(data[: len(data) // 3])
+    elif breakage == "tokenizer":
+        for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+            (source / name).unlink()
+    elif breakage == "pickle":
+        (source / "model.safetensors").rename(source / "pytorch_model.bin")
+    elif breakage == "layers":
+        args += ["--expert-layers", "1,9"]
+    elif breakage == "task":
+        args += ["--tasks", "query", "legal"]
+    before = _tree_digest(source)
+    code, err = upcycle(capsys, *args)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("error: ") and message in lines[-1], lines[-1]
+    assert not (tmp_path / "out").exists()
+    assert _leftovers(tmp_path) == []
+    assert _tree_digest(source) == before  # the input is never touched
+
+
+def test_missing_base_folder_and_help(tmp_path, capsys):
+    code, err = upcycle(capsys, "--base", str(tmp_path / "nonexistent"), "--output", str(tmp_path / "out"))
+    assert code == 2 and "could not be fetched from the Hub" in err.splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+    help_text = run_script("convert/upcycle.py", "--help")
+    assert help_text.returncode == 0
+    for option in ("--base", "--tasks", "--expert-layers", "--output", "--overwrite", "--dtype", "--arch"):
+        assert option in help_text.stdout
+
+
+def test_map_state_dict_fails_loudly():
+    shapes = {"a": torch.Size([2]), "b": torch.Size([3])}
+    with pytest.raises(ConversionError, match="shape mismatch"):
+        map_state_dict({"a": torch.zeros(2), "b": torch.zeros(4)}, shapes, lambda k: [k])
+    with pytest.raises(ConversionError, match="left unmapped"):
+        map_state_dict({"a": torch.zeros(2), "b": torch.zeros(3), "c": torch.zeros(1)}, shapes,
+                       lambda k: [] if k == "c" else [k])  # fmt: skip
+    with pytest.raises(ConversionError, match="not filled"):
+        map_state_dict({"a": torch.zeros(2)}, shapes, lambda k: [k])
+
+
+def test_roberta_checkpoint_upcycles_to_its_own_function(dense_path, tmp_path, capsys):
+    """A RoBERTa-family source (positions offset by padding_idx + 1, one token type) maps too."""
+    from transformers import AutoTokenizer, RobertaConfig, RobertaModel
+
+    from modeling.modeling_mote import MoteBertModel
+
+    source = tmp_path / "roberta"
+    config = RobertaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=66, type_vocab_size=1, pad_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    dense = RobertaModel(config).eval()
+    dense.save_pretrained(source)
+    tokenizer = AutoTokenizer.from_pretrained(dense_path)
+    tokenizer.save_pretrained(source)
+    out = tmp_path / "mote-roberta"
+    code, err = upcycle(capsys, "--base", str(source), "--output", str(out), "--expert-layers", "all")
+    assert code == 0, err
+    assert read_json(out / "config.json")["position_offset"] == 1
+    mote = MoteBertModel.from_pretrained(out).eval()
+    batch = tokenizer(["clustering: a b c", "search_query: d"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        diff = (mote(**batch).last_hidden_state - dense(**batch).last_hidden_state)[batch["attention_mask"].bool()]
+    assert diff.abs().max() <= 1e-5
