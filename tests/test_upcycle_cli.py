@@ -179,3 +179,26 @@ def test_roberta_checkpoint_upcycles_to_its_own_function(dense_path, tmp_path, c
     with torch.no_grad():
         diff = (mote(**batch).last_hidden_state - dense(**batch).last_hidden_state)[batch["attention_mask"].bool()]
     assert diff.abs().max() <= 1e-5
+
+
+def test_sharded_source_sharded_output_and_dtype(dense_path, dense_model, tokenizer, tmp_path, capsys):
+    source = tmp_path / "sharded-dense"
+    dense_model.save_pretrained(source, max_shard_size="30MB")
+    tokenizer.save_pretrained(source)
+    assert (source / "model.safetensors.index.json").exists()
+    out = tmp_path / "mote"
+    code, err = upcycle(capsys, "--base", str(source), "--output", str(out), "--max-shard-size", "50MB")
+    assert code == 0, err
+    assert (out / "model.safetensors.index.json").exists() and len(list(out.glob("model-*.safetensors"))) > 1
+    from modeling.modeling_mote import MoteBertModel
+
+    mote = MoteBertModel.from_pretrained(out).eval()
+    batch = tokenizer(["search_document: sharded weights"], return_tensors="pt")
+    with torch.no_grad():
+        assert (mote(**batch).last_hidden_state - dense_model(**batch).last_hidden_state).abs().max() <= 1e-5
+
+    half = tmp_path / "mote-bf16"
+    code, err = upcycle(capsys, "--output", str(half), "--dtype", "bfloat16")
+    assert code == 0, err
+    assert {t.dtype for t in load_file(str(half / "model.safetensors")).values()} == {torch.bfloat16}
+    assert read_json(half / "config.json")["dtype"] == "bfloat16"

@@ -1,0 +1,102 @@
+"""Encode throughput of the dense MiniLM against the upcycled MoTE, measured in the same run.
+
+    python benchmarks/bench_mote.py                      # batch 1, 32, 128 x 16 and 256 tokens
+    python benchmarks/bench_mote.py --batch-sizes 32 --seq-lens 16 --repeats 5
+
+For each shape it times forward passes (no grad, fp32) of transformers' `BertModel` (the dense
+baseline), MoTE on a single-task batch, and MoTE on a mixed-task batch (rows cycling through the
+four tasks). Inputs start with the task prefixes, so MoTE routes by prefix detection, as in use.
+Models are timed in interleaved rounds; the table shows the median sequences/s of each and the
+ratio MoTE/dense. Targets: single-task >= 0.97, mixed >= 0.90.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModel
+
+from convert.checkpoint import bundled_minilm_path
+from convert.upcycle import main as upcycle
+from modeling.modeling_mote import MoteBertModel
+
+
+def make_batch(prefix_ids: list[list[int]], batch_size: int, seq_len: int, generator) -> dict:
+    """`batch_size` rows of exactly `seq_len` tokens; row i starts with prefix i mod len(prefix_ids)."""
+    rows = []
+    for i in range(batch_size):
+        prefix = prefix_ids[i % len(prefix_ids)]
+        body = torch.randint(1000, 29000, (seq_len - len(prefix) - 1,), generator=generator).tolist()
+        rows.append(prefix + body + [102])  # ... [SEP]
+    input_ids = torch.tensor(rows)
+    return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+
+
+def time_forward(model, batch, min_time: float) -> float:
+    """Sequences per second of `model(**batch)`, repeating calls until `min_time` seconds pass."""
+    calls, start = 0, time.perf_counter()
+    with torch.inference_mode():
+        while True:
+            model(**batch)
+            calls += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_time:
+                return calls * batch["input_ids"].shape[0] / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", default="1,32,128", help="comma-separated batch sizes")
+    parser.add_argument("--seq-lens", default="16,256", help="comma-separated sequence lengths in tokens")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds per shape")
+    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of calls per timing")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--model", default=None, help="an upcycled MoTE folder (default: upcycle the bundled MiniLM)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    dense_path = bundled_minilm_path()
+    dense = AutoModel.from_pretrained(dense_path, attn_implementation="sdpa").eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.model
+        if folder is None:
+            folder = str(Path(tmp) / "mote")
+            upcycle(["--output", folder, "--no-verify"])
+        mote = MoteBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+    prefix_ids = [mote.config.task_prefix_ids[t] for t in mote.config.tasks]
+
+    shapes = [(b, s) for s in map(int, args.seq_lens.split(",")) for b in map(int, args.batch_sizes.split(","))]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, sdpa; median of {args.repeats} rounds")
+    print(f"| batch | tokens | dense seq/s | MoTE single seq/s | ratio | MoTE mixed seq/s | ratio |")
+    print(f"|---:|---:|---:|---:|---:|---:|---:|")
+    generator = torch.Generator().manual_seed(0)
+    for batch_size, seq_len in tqdm(shapes, desc="shapes", file=sys.stderr):
+        single = make_batch(prefix_ids[:1], batch_size, seq_len, generator)
+        mixed = make_batch(prefix_ids, batch_size, seq_len, generator)
+        runs = {"dense": [], "single": [], "mixed": []}
+        time_forward(dense, single, 0.05), time_forward(mote, single, 0.05), time_forward(mote, mixed, 0.05)  # warm-up
+        for _ in range(args.repeats):
+            runs["dense"].append(time_forward(dense, single, args.min_time))
+            runs["single"].append(time_forward(mote, single, args.min_time))
+            runs["mixed"].append(time_forward(mote, mixed, args.min_time))
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        print(
+            f"| {batch_size} | {seq_len} | {med['dense']:.1f} | {med['single']:.1f} | {med['single'] / med['dense']:.3f} "
+            f"| {med['mixed']:.1f} | {med['mixed'] / med['dense']:.3f} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Every example runs offline against an upcycled model and prints what it promises."""
+
+import runpy
+import sys
+
+import pytest
+from conftest import REPO
+
+
+def run_example(name: str, *args: str, capsys) -> str:
+    argv = sys.argv
+    sys.argv = [name, *args]
+    try:
+        runpy.run_path(str(REPO / "examples" / name), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return capsys.readouterr().out
+
+
+def test_quickstart(mote_dir, capsys):
+    out = run_example("quickstart.py", mote_dir, capsys=capsys)
+    assert "routed the prefixed rows to experts: ['query', 'document', 'classification', 'clustering']" in out
+    assert "inter-task cosine similarity" in out
+    agree = float(out.split("agree to ")[1].split()[0])
+    assert agree < 1e-5
+
+
+def test_route_with_automodel(mote_dir, capsys):
+    out = run_example("route_with_automodel.py", mote_dir, capsys=capsys)
+    assert "routed by prefix: ['query', 'clustering']" in out
+    assert "task=['query', 'passage']: ['query', 'document']" in out
+    assert "no task: Cannot tell the task" in out
+
+
+def test_semantic_search(mote_dir, capsys):
+    out = run_example("semantic_search.py", mote_dir, capsys=capsys)
+    assert "'who discovered gravity?'        -> 'Isaac Newton" in out
+    assert "'how do plants make energy?'     -> 'Photosynthesis" in out
+
+
+def test_finetune_two_tasks(mote_dir, tmp_path, capsys):
+    out = run_example("finetune_two_tasks.py", mote_dir, "--output", str(tmp_path / "ft"), "--steps", "2", capsys=capsys)
+    assert "reloaded; query embedding shape: (1, 384)" in out
+    assert (tmp_path / "ft" / "st_mote.py").exists()

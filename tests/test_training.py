@@ -1,0 +1,59 @@
+"""SentenceTransformerTrainer routes each dataset to its expert (by prompt or by router_mapping)."""
+
+import importlib.util
+
+import pytest
+import torch
+from conftest import REPO
+from datasets import DatasetDict
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+from sentence_transformers.losses import MultipleNegativesRankingLoss
+
+
+
+def _datasets():
+    """The two-task data of examples/finetune_two_tasks.py (retrieval pairs and clustering pairs)."""
+    spec = importlib.util.spec_from_file_location("finetune_example", REPO / "examples" / "finetune_two_tasks.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    return DatasetDict({"retrieval": example.to_dataset(example.RETRIEVAL), "clusters": example.to_dataset(example.CLUSTERING)})
+
+
+def _expert_params(model, task):
+    auto = model[0].auto_model
+    index = auto.config.tasks.index(task)
+    return {
+        f"{layer}.{name}": p.detach().clone()
+        for layer in auto.config.expert_layers
+        for name, p in auto.encoder.layer[layer].experts[index].named_parameters()
+    }
+
+
+@pytest.mark.parametrize("routing", ["prompts", "router_mapping"])
+def test_trainer_updates_only_experts_of_seen_tasks(mote_dir, tmp_path, routing):
+    model = SentenceTransformer(mote_dir, trust_remote_code=True)
+    tasks = model[0].auto_model.config.tasks
+    before = {task: _expert_params(model, task) for task in tasks}
+    shared_before = model[0].auto_model.encoder.layer[0].intermediate.dense.weight.detach().clone()
+
+    if routing == "prompts":
+        extra = {"prompts": {"retrieval": {"anchor": "search_query: ", "positive": "search_document: "},
+                             "clusters": "clustering: "}}  # fmt: skip
+    else:  # tasks named per column; the module prepends each task's prefix
+        extra = {"router_mapping": {"retrieval": {"anchor": "query", "positive": "document"},
+                                    "clusters": {"anchor": "clustering", "positive": "clustering"}}}  # fmt: skip
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3,
+        weight_decay=0.0, warmup_steps=0, logging_steps=100, save_strategy="no", report_to="none", seed=0,
+        dataloader_drop_last=True, **extra,
+    )  # fmt: skip
+    trainer = SentenceTransformerTrainer(
+        model=model, args=args, train_dataset=_datasets(), loss=MultipleNegativesRankingLoss(model)
+    )
+    trainer.train()
+
+    for task in tasks:
+        after = _expert_params(model, task)
+        changed = any(not torch.equal(after[name], before[task][name]) for name in after)
+        assert changed == (task in ("query", "document", "clustering")), task
+    assert not torch.equal(model[0].auto_model.encoder.layer[0].intermediate.dense.weight, shared_before)
