@@ -8,12 +8,11 @@ prefixes from the token ids. Saved at the root of the model folder and named in 
 `st_mote.MoteTransformer`, so it needs `trust_remote_code=True`.
 """
 
-import torch
 from sentence_transformers.models import Transformer
 
 
 class MoteTransformer(Transformer):
-    """`Transformer` that turns a task name into per-row expert ids for a `MoteBertModel`.
+    """`Transformer` whose `task` argument picks the expert of a `MoteBertModel`.
 
     When a task is given without a prompt (`prompt=None`), the task's instruction prefix is put in front of each
     text (MoTE experts are trained on prefixed inputs); set `prepend_task_prefix=False` in
@@ -34,17 +33,15 @@ class MoteTransformer(Transformer):
             )
 
     def preprocess(self, inputs, prompt: str | None = None, task: str | None = None, **kwargs) -> dict:
-        """Tokenize like `Transformer.preprocess` and add `task_ids` when a task is named."""
-        config = self.auto_model.config
-        task_id = None
+        """Tokenize like `Transformer.preprocess`; a named task is validated and, without a prompt,
+        its prefix is put in front of the texts. The task itself reaches the model through the
+        `task` forward argument (`encode`) or the `task` feature the trainer's collator sets."""
         if task is not None:
-            task_id = config.task_index(task)  # ValueError listing valid tasks for an unknown name
+            config = self.auto_model.config
+            name = config.tasks[config.task_index(task)]  # ValueError listing valid tasks for an unknown name
             if prompt is None and self.prepend_task_prefix:
-                prompt = config.task_prefixes[config.tasks[task_id]]
-        features = super().preprocess(inputs, prompt=prompt, task=task, **kwargs)
-        if task_id is not None and "input_ids" in features:
-            features["task_ids"] = torch.full((features["input_ids"].shape[0],), task_id, dtype=torch.long)
-        return features
+                prompt = config.task_prefixes[name]
+        return super().preprocess(inputs, prompt=prompt, task=task, **kwargs)
 
 
 __all__ = ["MoteTransformer"]
