@@ -161,7 +161,18 @@ def verify_against_dense(model: MoteBertModel, tokenizer, source: Path, dense_st
     return worst
 
 
-def render_card(target: Path, model: MoteBertModel, base_name: str, repo_id: str, untrained: bool) -> None:
+def source_license(source: Path) -> str | None:
+    """The `license` in the source model card's metadata, if it has one."""
+    from huggingface_hub import ModelCard
+
+    try:
+        return ModelCard.load(source / "README.md").data.license
+    except Exception:  # no card, or a card without metadata: the license is unknown
+        return None
+
+
+def render_card(target: Path, model: MoteBertModel, prompts: dict[str, str], base_name: str, repo_id: str,
+                untrained: bool, license_id: str | None) -> None:
     """README.md model card from `hub_cards/mote.md`."""
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -178,7 +189,7 @@ def render_card(target: Path, model: MoteBertModel, base_name: str, repo_id: str
         pipeline_tag="sentence-similarity",
         tags=["sentence-transformers", "feature-extraction", "mixture-of-experts", "mote", "moe-embed"],
         base_model=base_name if base_is_hub_id else None,
-        license="apache-2.0",
+        license=license_id,
     )
     card = ModelCard.from_template(
         card_data,
@@ -197,7 +208,7 @@ def render_card(target: Path, model: MoteBertModel, base_name: str, repo_id: str
             {"task": t, "prefix": config.task_prefixes[t], "names": ", ".join(f"`{n}`" for n in names[t])}
             for t in config.tasks
         ],
-        aliases=", ".join(f"`{a}` → `{t}`" for a, t in sorted(config.task_aliases.items())) or "none",
+        prompt_names=", ".join(f"`{name}`" for name in prompts),
         query_prefix=config.task_prefixes.get("query", next(iter(config.task_prefixes.values()))),
         total_params=f"{total / 1e6:.1f}M",
         active_params=f"{active / 1e6:.1f}M",
@@ -233,7 +244,8 @@ def upcycle_mote(args) -> Path:
         copy_modeling_files(tmp, MOTE_FILES + ["st_mote.py"])
         copy_tokenizer_files(source, tmp)
         write_sentence_transformers_files(source, tmp, "st_mote.MoteTransformer", prompts)
-        render_card(tmp, model, base_name, args.repo_id or f"your-name/{output.name}", untrained=True)
+        render_card(tmp, model, prompts, base_name, args.repo_id or f"your-name/{output.name}", untrained=True,
+                    license_id=source_license(source))
     logger.info("wrote %s (%s, tasks %s, expert layers %s)", output, args.dtype, model.config.tasks,
                 model.config.expert_layers)
     return output

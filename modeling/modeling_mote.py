@@ -175,12 +175,13 @@ class MoteBertModel(MoteBertPreTrainedModel):
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
-    ) -> MoteModelOutput:
+    ) -> MoteModelOutput | tuple:
         r"""
         task (`str` or `list[str]`, *optional*): Task of the whole batch, or one per row. Names from
             `config.tasks` or `config.task_aliases`.
         task_ids (`torch.LongTensor` of shape `(batch_size,)` or `int`, *optional*): Expert index per
             row (into `config.tasks`). Used when `task` is not given.
+        return_dict (`bool`, *optional*): `False` returns a tuple instead of a `MoteModelOutput`.
 
         Without either, each row's task is read from the instruction prefix its `input_ids` start
         with, then `config.default_task`; otherwise a `ValueError` lists the valid tasks.
@@ -217,9 +218,10 @@ class MoteBertModel(MoteBertPreTrainedModel):
             last, pooled = _take_rows(last, inverse), _take_rows(pooled, inverse)
             hidden = tuple(h[inverse] for h in hidden) if hidden is not None else None
             attentions = tuple(a[inverse] for a in attentions) if attentions is not None else None
-        return MoteModelOutput(
+        output = MoteModelOutput(
             last_hidden_state=last, pooler_output=pooled, hidden_states=hidden, attentions=attentions, task_ids=ids
         )
+        return output if return_dict is not False else output.to_tuple()
 
 
 def _take_rows(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:

@@ -179,3 +179,33 @@ def test_empty_batch_is_a_clear_error():
     model = MoteBertModel(tiny_mote_config()).eval()
     with pytest.raises(ValueError, match="empty batch"):
         model(input_ids=torch.zeros((0, 4), dtype=torch.long), task="query")
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    model = MoteBertModel(tiny_mote_config()).train()
+    input_ids = torch.randint(1000, 2000, (3, 6))
+    weights = torch.randn(3, 6, 32)
+
+    def grads():
+        model.zero_grad()
+        out = model(input_ids=input_ids, task=["query", "clustering", "query"]).last_hidden_state
+        (out * weights).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    plain = grads()
+    model.activation_checkpointing_enable()
+    assert all(layer.gradient_checkpointing for layer in model.encoder.layer)
+    checkpointed = grads()
+    assert plain.keys() == checkpointed.keys()
+    for name in plain:
+        assert torch.allclose(plain[name], checkpointed[name], atol=1e-6), name
+
+
+def test_return_dict_false_gives_a_tuple():
+    model = MoteBertModel(tiny_mote_config()).eval()
+    ids = torch.randint(1000, 2000, (2, 5))
+    with torch.no_grad():
+        as_tuple = model(input_ids=ids, task="query", return_dict=False)
+        as_output = model(input_ids=ids, task="query")
+    assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], as_output.last_hidden_state)
