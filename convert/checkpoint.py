@@ -178,25 +178,28 @@ def encoder_config_kwargs(dense_config: dict, state: dict[str, torch.Tensor]) ->
 def map_state_dict(
     source: dict[str, torch.Tensor],
     target_shapes: dict[str, torch.Size],
-    rename: Callable[[str], list[str]],
+    rename: Callable[[str, torch.Tensor], list[tuple[str, torch.Tensor]]],
+    new_tensors: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Build a target state dict: each source key goes to the target keys `rename` returns.
+    """Build a target state dict from `source` (through `rename`) and `new_tensors`.
 
-    Every target key must be filled exactly once with a tensor of its shape, and every source key
-    must be used; anything else raises `ConversionError` listing the offending keys.
+    `rename(key, tensor)` returns the `(target_key, tensor)` pairs a source tensor becomes (none to
+    drop it is an error). Every target key must be filled exactly once with a tensor of its shape,
+    and every source key must be used; anything else raises `ConversionError` naming the keys.
     """
     mapped: dict[str, torch.Tensor] = {}
     unused = []
-    for key, tensor in source.items():
-        targets = rename(key)
+    pairs = [(key, rename(key, tensor)) for key, tensor in source.items()]
+    pairs += [(f"<new {key}>", [(key, tensor)]) for key, tensor in (new_tensors or {}).items()]
+    for key, targets in pairs:
         if not targets:
             unused.append(key)
-        for target in targets:
+        for target, tensor in targets:
             if target not in target_shapes:
                 raise ConversionError(f"checkpoint tensor {key} maps to {target}, which the target model lacks")
             if tuple(tensor.shape) != tuple(target_shapes[target]):
                 raise ConversionError(
-                    f"shape mismatch: {key} {tuple(tensor.shape)} -> {target} {tuple(target_shapes[target])}"
+                    f"shape mismatch: {key} -> {target}: got {tuple(tensor.shape)}, expected {tuple(target_shapes[target])}"
                 )
             if target in mapped:
                 raise ConversionError(f"two checkpoint tensors map to {target}")

@@ -2,9 +2,11 @@
 
     python convert/upcycle.py                                  # bundled all-MiniLM-L6-v2 -> models/mote-minilm
     python convert/upcycle.py --base sentence-transformers/all-mpnet-base-v2 --expert-layers all
+    python convert/upcycle.py --arch moe --num-experts 8 --experts-per-token 2   # -> models/moe-minilm
 
-Every expert starts as a copy of the dense layer it replaces, so the untrained model computes the
-dense model's function; the converter checks that before writing. The output folder loads with
+Every expert starts as a copy of the dense layer it replaces. A MoTE model, and a token-routed MoE
+with renormalised top-k weights and no expert noise, then compute the dense model's function; the
+converter checks that before writing. The output folder loads with
 `AutoModel.from_pretrained(..., trust_remote_code=True)` and `SentenceTransformer(..., trust_remote_code=True)`.
 """
 
@@ -14,6 +16,7 @@ import argparse
 import logging
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python convert/upcycle.py`
@@ -37,14 +40,35 @@ from convert.checkpoint import (
     tokenizer_files,
     write_sentence_transformers_files,
 )
+from modeling.configuration_moe import MoeBertConfig
 from modeling.configuration_mote import DEFAULT_TASK_PREFIXES, MoteBertConfig
+from modeling.modeling_moe import MoeBertModel
 from modeling.modeling_mote import MoteBertModel
 
 logger = logging.getLogger("upcycle")
 
-MOTE_FILES = ["configuration_encoder.py", "modeling_encoder.py", "configuration_mote.py", "modeling_mote.py"]
+ENCODER_FILES = ["configuration_encoder.py", "modeling_encoder.py"]
 # Dense keys of layer N that become expert keys in a MoTE layer (expert = these four modules).
 _MOTE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.(attention\.output\.LayerNorm|intermediate|output)\.(.+)$")
+# Dense feed-forward projections of layer N that become stacked experts in a token-routed MoE layer.
+_MOE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.(intermediate|output)\.dense\.(weight|bias)$")
+_MOE_TARGET = {("intermediate", "weight"): "up_proj", ("intermediate", "bias"): "up_proj_bias",
+               ("output", "weight"): "down_proj", ("output", "bias"): "down_proj_bias"}  # fmt: skip
+
+
+@dataclass
+class Upcycled:
+    """An upcycled model (fp32, eval mode) and what its folder needs besides the weights."""
+
+    model: torch.nn.Module
+    files: list[str]  # files of modeling/ shipped at the folder root
+    st_module: str  # "file.Class" of the Sentence-Transformers input module
+    prompts: dict[str, str]
+    card_template: str  # file in hub_cards/
+    card_vars: dict = field(default_factory=dict)
+    tags: list[str] = field(default_factory=list)
+    exact: bool = True  # whether the untrained model must reproduce the dense model
+    active_params: int = 0
 
 
 def parse_tasks(specs: list[str]) -> dict[str, str]:
@@ -97,53 +121,146 @@ def prefix_token_ids(tokenizer, prefix: str) -> list[int]:
 def mote_rename(expert_layers: set[int], num_tasks: int):
     """Dense key -> MoTE keys: expert parts of expert layers go to every expert, the rest is shared."""
 
-    def rename(key: str) -> list[str]:
+    def rename(key: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         match = _MOTE_EXPERT_KEY.match(key)
         if match is None or int(match.group(1)) not in expert_layers:
-            return [key]
+            return [(key, tensor)]
         layer, part, rest = match.groups()
         part = "attention_LayerNorm" if part == "attention.output.LayerNorm" else part
-        return [f"encoder.layer.{layer}.experts.{e}.{part}.{rest}" for e in range(num_tasks)]
+        # Each expert gets its own copy: tensors must not share memory in safetensors.
+        return [(f"encoder.layer.{layer}.experts.{e}.{part}.{rest}", tensor.clone()) for e in range(num_tasks)]
 
     return rename
 
 
-def build_mote(args, source: Path, dense_config: dict, dense_state: dict) -> tuple[MoteBertModel, dict]:
-    """The upcycled MoteBertModel (fp32) and the template variables for its model card."""
-    from transformers import AutoTokenizer
+def moe_rename(moe_layers: set[int], num_experts: int, noise_std: float, generator: torch.Generator):
+    """Dense key -> token-routed MoE keys: FFN projections of MoE layers are stacked once per expert."""
 
+    def rename(key: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        match = _MOE_EXPERT_KEY.match(key)
+        if match is None or int(match.group(1)) not in moe_layers:
+            return [(key, tensor)]
+        layer, part, kind = match.groups()
+        stacked = tensor.unsqueeze(0).repeat(num_experts, *([1] * tensor.dim()))
+        if noise_std > 0 and kind == "weight":
+            stacked = stacked + noise_std * torch.randn(stacked.shape, generator=generator)
+        return [(f"encoder.layer.{layer}.mlp.experts.{_MOE_TARGET[part, kind]}", stacked)]
+
+    return rename
+
+
+def fill_model(model_cls, config, dense_state: dict, rename, new_tensors: dict | None = None):
+    """Build `model_cls(config)` on the meta device and fill it from the mapped dense weights."""
+    with torch.device("meta"):
+        model = model_cls(config)
+    shapes = {k: v.shape for k, v in model.state_dict().items()}
+    mapped = map_state_dict(dense_state, shapes, rename, new_tensors)
+    mapped = {k: v.detach().float().contiguous() for k, v in tqdm(mapped.items(), desc="upcycling", unit="tensor")}
+    model.load_state_dict(mapped, strict=True, assign=True)
+    return model.eval()
+
+
+def _config(config_cls, **kwargs):
+    try:
+        return config_cls(**kwargs)
+    except ValueError as error:
+        raise ConversionError(str(error)) from None
+
+
+def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
+    """MoTE: one expert per task in `--expert-layers`, routed per sequence by the task prefix."""
     tasks = parse_tasks(args.tasks)
-    tokenizer = AutoTokenizer.from_pretrained(str(source))
     prefix_ids = {name: prefix_token_ids(tokenizer, prefix) for name, prefix in tasks.items()}
     seen = {}
     for name, ids in prefix_ids.items():
         if tuple(ids) in seen:
             raise ConversionError(f"tasks {seen[tuple(ids)]!r} and {name!r} have prefixes that tokenize identically")
         seen[tuple(ids)] = name
-    try:
-        config = MoteBertConfig(
-            **encoder_config_kwargs(dense_config, dense_state),
-            tasks=list(tasks),
-            task_prefixes=tasks,
-            task_prefix_ids=prefix_ids,
-            default_task=args.default_task,
-            expert_layers=args.expert_layers,
-        )
-    except ValueError as error:
-        raise ConversionError(str(error)) from None
-    with torch.device("meta"):
-        model = MoteBertModel(config)
-    shapes = {k: v.shape for k, v in model.state_dict().items()}
-    mapped = map_state_dict(dense_state, shapes, mote_rename(set(config.expert_layers), config.num_tasks))
-    # Each expert gets its own copy: tensors must not share memory in safetensors.
-    mapped = {k: v.detach().clone().float().contiguous() for k, v in tqdm(mapped.items(), desc="upcycling", unit="tensor")}
-    model.load_state_dict(mapped, strict=True, assign=True)
-    model.eval()
-    return model, tokenizer
+    config = _config(
+        MoteBertConfig, **encoder_config_kwargs(dense_config, dense_state), tasks=list(tasks), task_prefixes=tasks,
+        task_prefix_ids=prefix_ids, default_task=args.default_task, expert_layers=args.expert_layers,
+    )  # fmt: skip
+    model = fill_model(MoteBertModel, config, dense_state, mote_rename(set(config.expert_layers), config.num_tasks))
+    names = {task: [task] for task in config.tasks}
+    for alias, task in config.task_aliases.items():
+        names[task].append(alias)
+    per_expert = sum(p.numel() for p in model.encoder.layer[config.expert_layers[0]].experts[0].parameters())
+    total = sum(p.numel() for p in model.parameters())
+    return Upcycled(
+        model=model,
+        files=ENCODER_FILES + ["configuration_mote.py", "modeling_mote.py", "st_mote.py"],
+        st_module="st_mote.MoteTransformer",
+        prompts=with_passage(tasks),
+        card_template="mote.md",
+        tags=["mote"],
+        card_vars={
+            "expert_layers": config.expert_layers,
+            "num_tasks": config.num_tasks,
+            "task_rows": [
+                {"task": t, "prefix": config.task_prefixes[t], "names": ", ".join(f"`{n}`" for n in names[t])}
+                for t in config.tasks
+            ],
+        },
+        active_params=total - per_expert * len(config.expert_layers) * (config.num_tasks - 1),
+    )
 
 
-def verify_against_dense(model: MoteBertModel, tokenizer, source: Path, dense_state: dict) -> float:
-    """Largest |difference| between the upcycled and the dense model's hidden states, over all tasks."""
+def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
+    """Token-routed sparse MoE (Nomic Embed v2): every MoE layer's FFN copied into each expert."""
+    config = _config(
+        MoeBertConfig, **encoder_config_kwargs(dense_config, dense_state), num_local_experts=args.num_experts,
+        num_experts_per_tok=args.experts_per_token, moe_layers=args.moe_layers, norm_topk_prob=args.norm_topk_prob,
+        router_aux_loss_coef=args.router_aux_loss_coef, router_z_loss_coef=args.router_z_loss_coef,
+        router_jitter_noise=args.router_jitter_noise,
+    )  # fmt: skip
+    if args.expert_noise < 0:
+        raise ConversionError(f"--expert-noise must be >= 0, got {args.expert_noise}")
+    generator = torch.Generator().manual_seed(args.seed)
+    routers = {}
+    for layer in config.moe_layers:
+        shape = (config.num_local_experts, config.hidden_size)
+        routers[f"encoder.layer.{layer}.mlp.router.weight"] = (
+            torch.zeros(shape) if args.router_init == "zeros"
+            else config.initializer_range * torch.randn(shape, generator=generator)
+        )  # fmt: skip
+    rename = moe_rename(set(config.moe_layers), config.num_local_experts, args.expert_noise, generator)
+    model = fill_model(MoeBertModel, config, dense_state, rename, new_tensors=routers)
+    experts = model.encoder.layer[config.moe_layers[0]].mlp.experts
+    per_expert = sum(p.numel() for p in experts.parameters()) // config.num_local_experts
+    total = sum(p.numel() for p in model.parameters())
+    inactive = config.num_local_experts - config.num_experts_per_tok
+    return Upcycled(
+        model=model,
+        files=ENCODER_FILES + ["configuration_moe.py", "modeling_moe.py", "st_moe.py"],
+        st_module="st_moe.MoeTransformer",
+        prompts=with_passage(parse_tasks(args.tasks)),
+        card_template="moe.md",
+        tags=["moe"],
+        card_vars={
+            "moe_layers": config.moe_layers,
+            "num_experts": config.num_local_experts,
+            "top_k": config.num_experts_per_tok,
+            "norm_topk_prob": config.norm_topk_prob,
+            "aux_coef": config.router_aux_loss_coef,
+        },
+        exact=config.norm_topk_prob and args.expert_noise == 0,
+        active_params=total - per_expert * len(config.moe_layers) * inactive,
+    )
+
+
+def with_passage(prompts: dict[str, str]) -> dict[str, str]:
+    """Sentence-Transformers prompts: the task prefixes, plus `passage` (ST's other name for documents)."""
+    prompts = dict(prompts)
+    if "document" in prompts:
+        prompts.setdefault("passage", prompts["document"])
+    return prompts
+
+
+def verify_against_dense(model, tokenizer, source: Path, dense_state: dict, prompts: dict[str, str]) -> float:
+    """Largest |difference| between the upcycled and the dense model's hidden states, over all prompts.
+
+    A MoTE model routes each batch by the prefix it starts with.
+    """
     from transformers import AutoConfig, AutoModel
 
     dense_config = AutoConfig.from_pretrained(str(source))
@@ -152,12 +269,11 @@ def verify_against_dense(model: MoteBertModel, tokenizer, source: Path, dense_st
     texts = ["Isaac Newton formulated the laws of motion.", "a short text"]
     worst = 0.0
     with torch.no_grad():
-        for task in model.config.tasks:
-            batch = tokenizer([model.config.task_prefixes[task] + t for t in texts], padding=True, return_tensors="pt")
-            reference = dense(**batch).last_hidden_state
-            routed = model(**batch).last_hidden_state  # routed by the prefix it starts with
+        for prefix in prompts.values():
+            batch = tokenizer([prefix + t for t in texts], padding=True, return_tensors="pt")
             mask = batch["attention_mask"].bool()
-            worst = max(worst, (reference - routed)[mask].abs().max().item())
+            diff = dense(**batch).last_hidden_state - model(**batch).last_hidden_state
+            worst = max(worst, diff[mask].abs().max().item())
     return worst
 
 
@@ -171,87 +287,81 @@ def source_license(source: Path) -> str | None:
         return None
 
 
-def render_card(target: Path, model: MoteBertModel, prompts: dict[str, str], base_name: str, repo_id: str,
-                untrained: bool, license_id: str | None) -> None:
-    """README.md model card from `hub_cards/mote.md`."""
+def render_card(target: Path, upcycled: Upcycled, source: Path, base_name: str, repo_id: str) -> None:
+    """README.md model card from the architecture's template in `hub_cards/`."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    config = model.config
-    names = {task: [task] for task in config.tasks}
-    for alias, task in config.task_aliases.items():
-        names[task].append(alias)
-    total = sum(p.numel() for p in model.parameters())
-    per_expert = sum(p.numel() for p in model.encoder.layer[config.expert_layers[0]].experts[0].parameters())
-    active = total - per_expert * len(config.expert_layers) * (config.num_tasks - 1)
+    config = upcycled.model.config
     base_is_hub_id = not Path(base_name).is_absolute() and "/" in base_name
     card_data = ModelCardData(
         library_name="sentence-transformers",
         pipeline_tag="sentence-similarity",
-        tags=["sentence-transformers", "feature-extraction", "mixture-of-experts", "mote", "moe-embed"],
+        tags=["sentence-transformers", "feature-extraction", "mixture-of-experts", *upcycled.tags, "moe-embed"],
         base_model=base_name if base_is_hub_id else None,
-        license=license_id,
+        license=source_license(source),
     )
+    total = sum(p.numel() for p in upcycled.model.parameters())
     card = ModelCard.from_template(
         card_data,
-        template_path=str(HUB_CARDS_DIR / "mote.md"),
+        template_path=str(HUB_CARDS_DIR / upcycled.card_template),
         model_name=repo_id.split("/")[-1],
         repo_id=repo_id,
         base_model_name=base_name,
         base_model_link=f"https://huggingface.co/{base_name}" if base_is_hub_id else "#",
-        expert_layers=config.expert_layers,
         num_layers=config.num_hidden_layers,
-        num_tasks=config.num_tasks,
         hidden_size=config.hidden_size,
         source_model_type=config.source_model_type,
-        untrained=untrained,
-        task_rows=[
-            {"task": t, "prefix": config.task_prefixes[t], "names": ", ".join(f"`{n}`" for n in names[t])}
-            for t in config.tasks
-        ],
-        prompt_names=", ".join(f"`{name}`" for name in prompts),
-        query_prefix=config.task_prefixes.get("query", next(iter(config.task_prefixes.values()))),
+        untrained=True,
+        prompts=upcycled.prompts,
+        prompt_names=", ".join(f"`{name}`" for name in upcycled.prompts),
+        query_prefix=upcycled.prompts.get("query", next(iter(upcycled.prompts.values()))),
         total_params=f"{total / 1e6:.1f}M",
-        active_params=f"{active / 1e6:.1f}M",
+        active_params=f"{upcycled.active_params / 1e6:.1f}M",
+        **upcycled.card_vars,
     )
     card.save(str(target / "README.md"))
 
 
-def upcycle_mote(args) -> Path:
-    """Write a MoTE model folder for `args`; returns its path."""
+BUILDERS = {"mote": build_mote, "moe": build_moe}
+DEFAULT_OUTPUTS = {"mote": "models/mote-minilm", "moe": "models/moe-minilm"}
+
+
+def upcycle(args) -> Path:
+    """Write the model folder `args` describes; returns its path."""
+    from transformers import AutoTokenizer
+
     source = resolve_source(args.base)
     base_name = args.base or "sentence-transformers/all-MiniLM-L6-v2"
+    output = Path(args.output or DEFAULT_OUTPUTS[args.arch])
+    dtype = parse_dtype(args.dtype)
+    if output.exists() and not args.overwrite:  # refuse before any work
+        raise ConversionError(f"{output.resolve()} already exists; pass --overwrite to replace it")
     logger.info("reading dense checkpoint %s", source)
     dense_config, dense_state = read_dense_checkpoint(source)
     tokenizer_files(source)
-    dtype = parse_dtype(args.dtype)
-    output = Path(args.output)
-    if output.exists() and not args.overwrite:  # refuse before any work
-        raise ConversionError(f"{output} already exists; pass --overwrite to replace it")
-    model, tokenizer = build_mote(args, source, dense_config, dense_state)
-    if not args.no_verify:
-        worst = verify_against_dense(model, tokenizer, source, dense_state)
-        logger.info("max |upcycled - dense| over all tasks: %.2e", worst)
+    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    upcycled = BUILDERS[args.arch](args, dense_config, dense_state, tokenizer)
+    if args.no_verify:
+        logger.info("skipping the check against the dense model (--no-verify)")
+    elif not upcycled.exact:
+        logger.info("not checking against the dense model: without --norm-topk-prob, or with expert noise, "
+                    "the upcycled model is not meant to reproduce it")  # fmt: skip
+    else:
+        worst = verify_against_dense(upcycled.model, tokenizer, source, dense_state, upcycled.prompts)
+        logger.info("max |upcycled - dense| over all prompts: %.2e", worst)
         if worst > 1e-4:
             raise ConversionError(f"upcycled model differs from the dense model by {worst:.2e} (> 1e-4)")
-    model = model.to(dtype)
-    prompts = dict(model.config.task_prefixes)
-    if "document" in prompts:
-        prompts.setdefault("passage", prompts["document"])
+    model = upcycled.model.to(dtype)
     with atomic_output_dir(output, args.overwrite) as tmp:
         type(model.config).register_for_auto_class()
         type(model).register_for_auto_class("AutoModel")
         model.save_pretrained(tmp, max_shard_size=args.max_shard_size)
-        copy_modeling_files(tmp, MOTE_FILES + ["st_mote.py"])
+        copy_modeling_files(tmp, upcycled.files)
         copy_tokenizer_files(source, tmp)
-        write_sentence_transformers_files(source, tmp, "st_mote.MoteTransformer", prompts)
-        render_card(tmp, model, prompts, base_name, args.repo_id or f"your-name/{output.name}", untrained=True,
-                    license_id=source_license(source))
-    logger.info("wrote %s (%s, tasks %s, expert layers %s)", output, args.dtype, model.config.tasks,
-                model.config.expert_layers)
+        write_sentence_transformers_files(source, tmp, upcycled.st_module, upcycled.prompts)
+        render_card(tmp, upcycled, source, base_name, args.repo_id or f"your-name/{output.name}")
+    logger.info("wrote %s (%s, %s)", output, args.arch, args.dtype)
     return output
-
-
-ARCHITECTURES = {"mote": upcycle_mote}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,18 +369,38 @@ def build_parser() -> argparse.ArgumentParser:
         description="Upcycle a dense bert/roberta/xlm-roberta checkpoint into an expert model folder.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--arch", choices=sorted(ARCHITECTURES), default="mote",
-                        help="expert architecture: mote = one expert per task, routed per sequence by instruction")
+    parser.add_argument("--arch", choices=sorted(BUILDERS), default="mote",
+                        help="mote: one expert per task, routed per sequence by the instruction; "
+                             "moe: token-routed top-k experts (Nomic Embed v2)")
     parser.add_argument("--base", default=None,
                         help="local folder or Hub id of the dense checkpoint (default: the bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--output", default="models/mote-minilm", help="folder to write")
+    parser.add_argument("--output", default=None,
+                        help="folder to write (default: models/mote-minilm or models/moe-minilm)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     parser.add_argument("--tasks", nargs="+", default=[f"{t}={p}" for t, p in DEFAULT_TASK_PREFIXES.items()],
-                        metavar="NAME=PREFIX", help="tasks in expert order, each NAME=PREFIX (or a known NAME alone)")
-    parser.add_argument("--expert-layers", default="every_other",
-                        help="layers that get experts: all, every_other (1,3,5,...) or comma-separated indices")
-    parser.add_argument("--default-task", default=None,
-                        help="task for inputs that name none and carry no prefix (default: such inputs are an error)")
+                        metavar="NAME=PREFIX",
+                        help="tasks, each NAME=PREFIX (or a known NAME alone): MoTE's experts in order; "
+                             "for both architectures the Sentence-Transformers prompts")
+    mote = parser.add_argument_group("mote")
+    mote.add_argument("--expert-layers", default="every_other",
+                      help="layers that get task experts: all, every_other (1,3,5,...) or comma-separated indices")
+    mote.add_argument("--default-task", default=None,
+                      help="task for inputs that name none and carry no prefix (default: such inputs are an error)")
+    moe = parser.add_argument_group("moe")
+    moe.add_argument("--num-experts", type=int, default=8, help="experts per MoE layer")
+    moe.add_argument("--experts-per-token", type=int, default=2, help="experts each token is routed to (top-k)")
+    moe.add_argument("--moe-layers", default="every_other",
+                     help="layers whose FFN becomes an MoE block: every_other (1,3,5,...), all, or indices")
+    moe.add_argument("--norm-topk-prob", action="store_true",
+                     help="renormalise the top-k router weights to sum to 1 (then the upcycled model equals the dense one)")
+    moe.add_argument("--router-init", choices=["normal", "zeros"], default="normal",
+                     help="router weights: normal(0, initializer_range) or zeros (uniform routing)")
+    moe.add_argument("--expert-noise", type=float, default=0.0,
+                     help="std of Gaussian noise added to each expert's weights to break symmetry")
+    moe.add_argument("--router-aux-loss-coef", type=float, default=1.0, help="load-balancing loss weight (paper: 1)")
+    moe.add_argument("--router-z-loss-coef", type=float, default=0.0, help="router z-loss weight")
+    moe.add_argument("--router-jitter-noise", type=float, default=0.0, help="router input jitter in training")
+    moe.add_argument("--seed", type=int, default=0, help="seed for the router init and expert noise")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="dtype of the saved weights")
     parser.add_argument("--max-shard-size", default="2GB", help="safetensors shard size above which weights are split")
@@ -282,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    ARCHITECTURES[args.arch](args)
+    upcycle(args)
 
 
 if __name__ == "__main__":

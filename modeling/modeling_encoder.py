@@ -168,7 +168,8 @@ class EncoderLayer(GradientCheckpointingLayer):
     """A dense post-LN BERT layer. Expert layers subclass it and override `feed_forward`.
 
     `routing` is whatever the model type computed once per forward pass (MoTE: the row segments of
-    each task); dense layers ignore it.
+    each task; token MoE: which tokens are not padding); dense layers ignore it. `feed_forward`
+    returns the layer output and an auxiliary output (token MoE: router logits) or `None`.
     """
 
     attention_norm_in_layer = True
@@ -184,13 +185,14 @@ class EncoderLayer(GradientCheckpointingLayer):
         self.intermediate = EncoderIntermediate(config)
         self.output = EncoderOutput(config)
 
-    def feed_forward(self, attention_output: torch.Tensor, routing) -> torch.Tensor:
-        """Feed-forward block on the attention output `(batch, seq, hidden)`."""
-        return self.output(self.intermediate(attention_output), attention_output)
+    def feed_forward(self, attention_output: torch.Tensor, routing):
+        """Feed-forward block on the attention output `(batch, seq, hidden)`: `(output, aux)`."""
+        return self.output(self.intermediate(attention_output), attention_output), None
 
     def forward(self, hidden_states, attention_mask=None, routing=None, **kwargs):
         attention_output, weights = self.attention(hidden_states, attention_mask, **kwargs)
-        return self.feed_forward(attention_output, routing), weights
+        output, aux = self.feed_forward(attention_output, routing)
+        return output, weights, aux
 
 
 class EncoderStack(nn.Module):
@@ -208,13 +210,16 @@ class EncoderStack(nn.Module):
                 output_attentions=False, **kwargs):
         all_hidden = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
+        all_aux = ()
         for layer in self.layer:
-            hidden_states, weights = layer(hidden_states, attention_mask, routing, **kwargs)
+            hidden_states, weights, aux = layer(hidden_states, attention_mask, routing, **kwargs)
             if output_hidden_states:
                 all_hidden += (hidden_states,)
             if output_attentions:
                 all_attentions += (weights,)
-        return hidden_states, all_hidden, all_attentions
+            if aux is not None:
+                all_aux += (aux,)
+        return hidden_states, all_hidden, all_attentions, all_aux
 
 
 class EncoderPooler(nn.Module):
@@ -261,7 +266,11 @@ class EncoderPreTrainedModel(PreTrainedModel):
 
     def encode(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
                inputs_embeds=None, routing=None, output_hidden_states=None, output_attentions=None):
-        """Run embeddings, the layer stack and the pooler; returns `(last, pooled, hidden, attentions)`."""
+        """Run embeddings, the layer stack and the pooler.
+
+        Returns `(last, pooled, hidden_states, attentions, aux)`, `aux` holding the auxiliary output
+        of each layer that produced one.
+        """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`")
         if output_hidden_states is None:
@@ -272,11 +281,11 @@ class EncoderPreTrainedModel(PreTrainedModel):
             raise ValueError("`output_attentions=True` needs `attn_implementation='eager'`; sdpa returns no weights")
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
         mask = build_attention_mask(attention_mask, hidden.dtype, self.config._attn_implementation)
-        last, all_hidden, all_attentions = self.encoder(
+        last, all_hidden, all_attentions, all_aux = self.encoder(
             hidden, mask, routing, output_hidden_states=output_hidden_states, output_attentions=output_attentions
         )
         pooled = self.pooler(last) if self.pooler is not None else None
-        return last, pooled, all_hidden, all_attentions
+        return last, pooled, all_hidden, all_attentions, all_aux
 
 
 __all__ = [

@@ -72,13 +72,13 @@ class MoteBertLayer(EncoderLayer):
     def build_feed_forward(self, config: MoteBertConfig) -> None:
         self.experts = nn.ModuleList(MoteBertExpert(config) for _ in range(config.num_tasks))
 
-    def feed_forward(self, attention_output: torch.Tensor, routing: MoteRouting) -> torch.Tensor:
+    def feed_forward(self, attention_output: torch.Tensor, routing: MoteRouting):
         if len(routing.segments) == 1:
-            return self.experts[routing.segments[0][0]](attention_output)
+            return self.experts[routing.segments[0][0]](attention_output), None
         # One call per task present, each on a contiguous slice of rows (a view, no gather).
         return torch.cat(
             [self.experts[expert](attention_output[start:end]) for expert, start, end in routing.segments]
-        )
+        ), None
 
 
 def detect_task_ids(input_ids: torch.Tensor, config: MoteBertConfig) -> torch.LongTensor:
@@ -207,7 +207,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
                 segments.append((expert, start, start + count))
                 start += count
 
-        last, pooled, hidden, attentions = self.encode(
+        last, pooled, hidden, attentions, _ = self.encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             routing=MoteRouting(tuple(segments)), output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,

@@ -51,6 +51,17 @@ def mote_dir(tmp_path_factory, dense_path) -> str:
 
 
 @pytest.fixture(scope="session")
+def moe_dir(tmp_path_factory, dense_path) -> str:
+    """The bundled MiniLM upcycled to a token-routed MoE (8 experts, top-2, every other layer),
+    with renormalised top-k weights so that it computes the dense model's function."""
+    from convert.upcycle import main
+
+    out = tmp_path_factory.mktemp("models") / "moe-minilm"
+    main(["--arch", "moe", "--norm-topk-prob", "--output", str(out)])
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def dense_model(dense_path):
     from transformers import AutoModel
 
@@ -84,6 +95,18 @@ def tiny_mote_config(**overrides):
     )  # fmt: skip
     kwargs.update(overrides)
     return MoteBertConfig(**kwargs)
+
+
+def tiny_moe_config(**overrides):
+    """A small random token-routed MoE config."""
+    from modeling.configuration_moe import MoeBertConfig
+
+    kwargs = dict(
+        vocab_size=1000, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=48,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_local_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    kwargs.update(overrides)
+    return MoeBertConfig(**kwargs)
 
 
 def randomize_experts(model, seed: int = 0) -> None:

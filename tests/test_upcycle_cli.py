@@ -147,13 +147,17 @@ def test_missing_base_folder_and_help(tmp_path, capsys):
 
 def test_map_state_dict_fails_loudly():
     shapes = {"a": torch.Size([2]), "b": torch.Size([3])}
+    same = lambda key, tensor: [(key, tensor)]  # noqa: E731
     with pytest.raises(ConversionError, match="shape mismatch"):
-        map_state_dict({"a": torch.zeros(2), "b": torch.zeros(4)}, shapes, lambda k: [k])
+        map_state_dict({"a": torch.zeros(2), "b": torch.zeros(4)}, shapes, same)
     with pytest.raises(ConversionError, match="left unmapped"):
         map_state_dict({"a": torch.zeros(2), "b": torch.zeros(3), "c": torch.zeros(1)}, shapes,
-                       lambda k: [] if k == "c" else [k])  # fmt: skip
+                       lambda k, t: [] if k == "c" else [(k, t)])  # fmt: skip
     with pytest.raises(ConversionError, match="not filled"):
-        map_state_dict({"a": torch.zeros(2)}, shapes, lambda k: [k])
+        map_state_dict({"a": torch.zeros(2)}, shapes, same)
+    with pytest.raises(ConversionError, match="two checkpoint tensors map to b"):
+        map_state_dict({"a": torch.zeros(2), "b": torch.zeros(3)}, shapes, same, new_tensors={"b": torch.zeros(3)})
+    assert set(map_state_dict({"a": torch.zeros(2)}, shapes, same, new_tensors={"b": torch.ones(3)})) == {"a", "b"}
 
 
 def test_roberta_checkpoint_upcycles_to_its_own_function(dense_path, tmp_path, capsys):

@@ -1,0 +1,54 @@
+"""Configuration of the token-routed sparse MoE encoder (Nomic Embed v2, Nussbaum & Duderstadt, 2025)."""
+
+from .configuration_encoder import EncoderConfig, resolve_layer_indices
+
+
+class MoeBertConfig(EncoderConfig):
+    r"""
+    Configuration of [`MoeBertModel`]: a BERT encoder whose MoE layers route every token to its
+    top-`num_experts_per_tok` of `num_local_experts` feed-forward experts. All fields of
+    [`EncoderConfig`] apply.
+
+    Args:
+        num_local_experts (`int`, *optional*, defaults to 8): Experts per MoE layer.
+        num_experts_per_tok (`int`, *optional*, defaults to 2): Experts each token is sent to (top-k).
+        norm_topk_prob (`bool`, *optional*, defaults to `False`): Renormalise the selected experts'
+            softmax weights to sum to 1. With identical experts this makes the layer equal the dense FFN.
+        moe_layers (`list[int]` or `str`, *optional*, defaults to `"every_other"`): Layers whose FFN is an
+            MoE block: `"every_other"` (1, 3, 5, ...: every other layer starting with the second, as in the
+            paper), `"all"`, or explicit indices. Stored resolved, as a list.
+        router_aux_loss_coef (`float`, *optional*, defaults to 1.0): Weight α of the load-balancing loss
+            (the paper uses 1).
+        router_z_loss_coef (`float`, *optional*, defaults to 0.0): Weight of the router z-loss (ST-MoE).
+        router_jitter_noise (`float`, *optional*, defaults to 0.0): In training, router inputs are
+            multiplied by noise drawn from U(1 - ε, 1 + ε) (Switch Transformer); 0 disables it.
+        output_router_logits (`bool`, *optional*, defaults to `False`): Return each MoE layer's router
+            logits in the output.
+    """
+
+    model_type = "moe_bert"
+
+    num_local_experts: int = 8
+    num_experts_per_tok: int = 2
+    norm_topk_prob: bool = False
+    moe_layers: list[int] | str = "every_other"
+    router_aux_loss_coef: float = 1.0
+    router_z_loss_coef: float = 0.0
+    router_jitter_noise: float = 0.0
+    output_router_logits: bool = False
+
+    def __post_init__(self, **kwargs):
+        if self.num_local_experts < 1:
+            raise ValueError(f"`num_local_experts` must be at least 1, got {self.num_local_experts}")
+        if not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+            raise ValueError(
+                f"`num_experts_per_tok` ({self.num_experts_per_tok}) must lie in 1..num_local_experts "
+                f"({self.num_local_experts})"
+            )
+        if not 0.0 <= self.router_jitter_noise < 1.0:
+            raise ValueError(f"`router_jitter_noise` must lie in [0, 1), got {self.router_jitter_noise}")
+        self.moe_layers = resolve_layer_indices(self.moe_layers, self.num_hidden_layers, "moe_layers")
+        super().__post_init__(**kwargs)
+
+
+__all__ = ["MoeBertConfig"]

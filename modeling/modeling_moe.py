@@ -1,0 +1,266 @@
+"""Token-routed sparse MoE encoder, as in Nomic Embed v2 (Nussbaum & Duderstadt, 2025, "Training
+Sparse Mixture Of Experts Text Embedding Models").
+
+Every `config.moe_layers` layer replaces BERT's feed-forward block (`intermediate.dense`,
+`output.dense`) with `num_local_experts` experts and a router; each non-padding token goes to its
+top-`num_experts_per_tok` experts by softmax router probability. The attention-output and output
+LayerNorms stay shared. Experts are stacked 3-D parameters so that transformers' experts
+implementations (`experts_implementation="grouped_mm"` / `"batched_mm"`) apply; `"eager"` is the
+loop in `MoeBertExperts.forward`, correct on any torch.
+
+The model returns the Switch-style load-balancing loss (and optionally the router z-loss) as
+`aux_loss`; add it to the training loss (see `training/losses.py`).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.integrations import use_experts_implementation
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+from .configuration_moe import MoeBertConfig
+from .modeling_encoder import EncoderEmbeddings, EncoderLayer, EncoderPooler, EncoderPreTrainedModel, EncoderStack
+
+
+@dataclass
+class MoeBertModelOutput(BaseModelOutputWithPooling):
+    r"""
+    Output of [`MoeBertModel`].
+
+    aux_loss (`torch.FloatTensor` of shape `()`):
+        `router_aux_loss_coef * load_balancing_loss + router_z_loss_coef * z_loss`, averaged over MoE layers.
+    router_logits (`tuple[torch.FloatTensor]`, *optional*, returned when `output_router_logits=True`):
+        One `(num_tokens, num_local_experts)` fp32 tensor per MoE layer, over non-padding tokens in
+        row-major order.
+    """
+
+    aux_loss: torch.FloatTensor | None = None
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass(frozen=True)
+class MoeRouting:
+    """Flat indices of the non-padding tokens of a batch (`None`: no padding)."""
+
+    token_index: torch.LongTensor | None
+
+
+def load_balancing_loss(router_logits: torch.Tensor, num_experts_per_tok: int) -> torch.Tensor:
+    """Switch-Transformer load-balancing loss `E · Σ_i f_i · P_i` of one layer (Fedus et al., 2022).
+
+    `f_i` is the fraction of the `tokens × k` routing slots assigned to expert `i` (no gradient),
+    `P_i` the mean router probability of expert `i`. Equals 1 for perfectly uniform routing.
+    `router_logits` is `(num_tokens, num_experts)` over non-padding tokens only.
+    """
+    num_experts = router_logits.shape[-1]
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    chosen = torch.topk(probs, num_experts_per_tok, dim=-1).indices.reshape(-1)
+    fraction = torch.bincount(chosen, minlength=num_experts).float() / chosen.numel()
+    return num_experts * (fraction * probs.mean(dim=0)).sum()
+
+
+def router_z_loss(router_logits: torch.Tensor) -> torch.Tensor:
+    """ST-MoE router z-loss: mean squared log-partition of the router logits (Zoph et al., 2022)."""
+    return torch.logsumexp(router_logits.float(), dim=-1).square().mean()
+
+
+class MoeBertRouter(nn.Module):
+    """`Linear(hidden, num_local_experts, bias=False)`, computed in fp32."""
+
+    def __init__(self, config: MoeBertConfig):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size))
+        self.jitter_noise = config.router_jitter_noise
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = hidden_states.float()
+        if self.training and self.jitter_noise > 0:
+            noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
+            hidden_states = hidden_states * noise
+        return nn.functional.linear(hidden_states, self.weight.float())  # (tokens, experts)
+
+
+@use_experts_implementation(has_gate=False, has_bias=True)
+class MoeBertExperts(nn.Module):
+    """`num_local_experts` BERT feed-forward blocks stored as stacked parameters.
+
+    `up_proj` `(E, intermediate, hidden)` and `down_proj` `(E, hidden, intermediate)` have the layout
+    of `nn.Linear` weights, so a dense `intermediate.dense` / `output.dense` pair stacks into them.
+    """
+
+    def __init__(self, config: MoeBertConfig):
+        super().__init__()
+        self.num_experts = config.num_local_experts
+        self.up_proj = nn.Parameter(torch.empty(config.num_local_experts, config.intermediate_size, config.hidden_size))
+        self.up_proj_bias = nn.Parameter(torch.empty(config.num_local_experts, config.intermediate_size))
+        self.down_proj = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size, config.intermediate_size))
+        self.down_proj_bias = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size))
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        """Eager implementation: tokens sorted by expert, one pair of matmuls per expert hit.
+
+        hidden_states `(tokens, hidden)`, top_k_index / top_k_weights `(tokens, k)`.
+        """
+        num_top_k = top_k_index.shape[-1]
+        flat_experts = top_k_index.reshape(-1)
+        order = torch.argsort(flat_experts, stable=True)
+        token_of_slot = order // num_top_k
+        slot_weights = top_k_weights.reshape(-1)[order].unsqueeze(-1)
+        counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()  # one host sync
+        output = torch.zeros_like(hidden_states)
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            tokens = token_of_slot[start : start + count]
+            h = nn.functional.linear(hidden_states.index_select(0, tokens), self.up_proj[expert], self.up_proj_bias[expert])
+            h = nn.functional.linear(self.act_fn(h), self.down_proj[expert], self.down_proj_bias[expert])
+            output.index_add_(0, tokens, (h * slot_weights[start : start + count]).to(output.dtype))
+            start += count
+        return output
+
+
+class MoeBertSparseBlock(nn.Module):
+    """Router, top-k selection and experts: `(tokens, hidden) -> (tokens, hidden), router logits`."""
+
+    def __init__(self, config: MoeBertConfig):
+        super().__init__()
+        self.router = MoeBertRouter(config)
+        self.experts = MoeBertExperts(config)
+        self.top_k = config.num_experts_per_tok
+        self.norm_topk_prob = config.norm_topk_prob
+
+    def forward(self, hidden_states: torch.Tensor):
+        router_logits = self.router(hidden_states)  # (tokens, experts), fp32
+        weights, selected = torch.topk(torch.softmax(router_logits, dim=-1), self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return self.experts(hidden_states, selected, weights.to(hidden_states.dtype)), router_logits
+
+
+class MoeBertOutputNorm(nn.Module):
+    """Dropout, residual and `output.LayerNorm` after the experts (BERT's `output` without `dense`)."""
+
+    def __init__(self, config: MoeBertConfig):
+        super().__init__()
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, input_tensor):
+        return self.LayerNorm(self.dropout(hidden_states) + input_tensor)
+
+
+class MoeBertLayer(EncoderLayer):
+    """A layer whose feed-forward block is a token-routed sparse MoE block (`mlp`)."""
+
+    def build_feed_forward(self, config: MoeBertConfig) -> None:
+        self.mlp = MoeBertSparseBlock(config)
+        self.output = MoeBertOutputNorm(config)
+
+    def feed_forward(self, attention_output: torch.Tensor, routing: MoeRouting):
+        batch, seq, hidden = attention_output.shape
+        flat = attention_output.reshape(-1, hidden)
+        if routing.token_index is None:
+            moe_out, router_logits = self.mlp(flat)
+        else:  # padding tokens are neither routed nor counted; their FFN output is zero
+            routed, router_logits = self.mlp(flat.index_select(0, routing.token_index))
+            moe_out = torch.zeros_like(flat).index_copy(0, routing.token_index, routed)
+        return self.output(moe_out.view(batch, seq, hidden), attention_output), router_logits
+
+
+class MoeBertPreTrainedModel(EncoderPreTrainedModel):
+    """Base class of token-routed MoE models: config class and initialisation of expert parameters."""
+
+    config_class = MoeBertConfig
+    _no_split_modules = ["EncoderEmbeddings", "EncoderLayer", "MoeBertLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        std = self.config.initializer_range
+        if isinstance(module, MoeBertExperts):
+            init.normal_(module.up_proj, mean=0.0, std=std)
+            init.normal_(module.down_proj, mean=0.0, std=std)
+            init.zeros_(module.up_proj_bias)
+            init.zeros_(module.down_proj_bias)
+        elif isinstance(module, MoeBertRouter):
+            init.normal_(module.weight, mean=0.0, std=std)
+
+
+class MoeBertModel(MoeBertPreTrainedModel):
+    """BERT encoder with token-routed sparse MoE blocks in `config.moe_layers`.
+
+    Example:
+
+    ```python
+    >>> model = AutoModel.from_pretrained("models/moe-minilm", trust_remote_code=True, experts_implementation="eager")
+    >>> out = model(**tokenizer(["search_query: who was newton?"], return_tensors="pt"))
+    >>> out.last_hidden_state, out.aux_loss
+    ```
+    """
+
+    def __init__(self, config: MoeBertConfig):
+        super().__init__(config)
+        self.embeddings = EncoderEmbeddings(config)
+        self.encoder = EncoderStack(config, MoeBertLayer, config.moe_layers)
+        self.pooler = EncoderPooler(config) if config.add_pooling_layer else None
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        output_router_logits: bool | None = None,
+        return_dict: bool | None = None,
+    ) -> MoeBertModelOutput | tuple:
+        r"""
+        output_router_logits (`bool`, *optional*): Return each MoE layer's router logits
+            (defaults to `config.output_router_logits`).
+        return_dict (`bool`, *optional*): `False` returns a tuple instead of a `MoeBertModelOutput`.
+        """
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is not None and reference.shape[0] == 0:
+            raise ValueError("Got an empty batch: `input_ids` has 0 rows")
+        token_index = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            token_index = attention_mask.reshape(-1).nonzero().squeeze(-1)
+        last, pooled, hidden, attentions, router_logits = self.encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+            routing=MoeRouting(token_index), output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+        )
+        config = self.config
+        aux_loss = config.router_aux_loss_coef * torch.stack(
+            [load_balancing_loss(logits, config.num_experts_per_tok) for logits in router_logits]
+        ).mean()
+        if config.router_z_loss_coef:
+            aux_loss = aux_loss + config.router_z_loss_coef * torch.stack([router_z_loss(l) for l in router_logits]).mean()
+        if output_router_logits is None:
+            output_router_logits = config.output_router_logits
+        output = MoeBertModelOutput(
+            last_hidden_state=last, pooler_output=pooled, hidden_states=hidden, attentions=attentions,
+            aux_loss=aux_loss, router_logits=router_logits if output_router_logits else None,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+
+__all__ = [
+    "MoeBertModel",
+    "MoeBertPreTrainedModel",
+    "MoeBertLayer",
+    "MoeBertSparseBlock",
+    "MoeBertExperts",
+    "MoeBertRouter",
+    "MoeBertModelOutput",
+    "load_balancing_loss",
+    "router_z_loss",
+]

@@ -1,0 +1,1 @@
+"""Training utilities for moe-embed models on top of sentence-transformers."""
