@@ -57,3 +57,43 @@ def test_trainer_updates_only_experts_of_seen_tasks(mote_dir, tmp_path, routing)
         changed = any(not torch.equal(after[name], before[task][name]) for name in after)
         assert changed == (task in ("query", "document", "clustering")), task
     assert not torch.equal(model[0].auto_model.encoder.layer[0].intermediate.dense.weight, shared_before)
+
+
+def test_router_aux_loss_is_added_and_trains_the_router(moe_dir, tmp_path):
+    from training.losses import RouterAuxLoss
+
+    model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
+    auto = model[0].auto_model
+    base = MultipleNegativesRankingLoss(model)
+    loss = RouterAuxLoss(base)
+    features = [model.preprocess(["search_query: " + a for a in ("cats", "dogs")]),
+                model.preprocess(["search_document: " + p for p in ("a cat", "a dog")])]  # fmt: skip
+    labels = torch.zeros(2)
+    total = loss(features, labels)
+    contrastive = base([{k: v for k, v in f.items() if k != "aux_loss"} for f in features], labels)
+    with torch.no_grad():
+        aux = torch.stack([auto(**{k: f[k] for k in ("input_ids", "attention_mask", "token_type_ids")}).aux_loss
+                           for f in features]).mean()  # fmt: skip
+    assert torch.allclose(total, contrastive + aux, atol=1e-5)
+    total.backward()
+    router = auto.encoder.layer[auto.config.moe_layers[0]].mlp.router.weight
+    assert router.grad is not None and router.grad.abs().sum() > 0
+
+    # and in a trainer run the router moves
+    before = router.detach().clone()
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-2,
+        save_strategy="no", report_to="none", seed=0, prompts={"retrieval": "search_query: ", "clusters": "clustering: "},
+    )  # fmt: skip
+    SentenceTransformerTrainer(model=model, args=args, train_dataset=_datasets(), loss=loss).train()
+    assert not torch.equal(router.detach(), before)
+
+
+def test_router_aux_loss_refuses_a_model_without_aux_loss(mote_dir):
+    from training.losses import RouterAuxLoss
+
+    model = SentenceTransformer(mote_dir, trust_remote_code=True)
+    loss = RouterAuxLoss(MultipleNegativesRankingLoss(model))
+    features = [model.preprocess(["search_query: cats"]), model.preprocess(["search_document: a cat"])]
+    with pytest.raises(ValueError, match=r"found `aux_loss` in 0 of 2 inputs.*st_moe.MoeTransformer"):
+        loss(features, torch.zeros(1))

@@ -206,3 +206,43 @@ def test_sharded_source_sharded_output_and_dtype(dense_path, dense_model, tokeni
     assert code == 0, err
     assert {t.dtype for t in load_file(str(half / "model.safetensors")).values()} == {torch.bfloat16}
     assert read_json(half / "config.json")["dtype"] == "bfloat16"
+
+
+def test_moe_folder_and_options(moe_dir, tmp_path, capsys, dense_path):
+    folder = Path(moe_dir)
+    config = read_json(folder / "config.json")
+    assert config["model_type"] == "moe_bert" and config["auto_map"]["AutoModel"] == "modeling_moe.MoeBertModel"
+    assert (config["num_local_experts"], config["num_experts_per_tok"], config["moe_layers"]) == (8, 2, [1, 3, 5])
+    assert read_json(folder / "modules.json")[0]["type"] == "st_moe.MoeTransformer"
+    assert {"st_moe.py", "modeling_moe.py", "configuration_moe.py", "modeling_encoder.py"} <= {p.name for p in folder.iterdir()}
+    assert "mixture-of-experts" in (folder / "README.md").read_text()
+    weights = load_file(str(folder / "model.safetensors"))
+    dense = load_file(str(Path(dense_path) / "model.safetensors"))
+    up = weights["encoder.layer.3.mlp.experts.up_proj"]
+    assert up.shape == (8, 1536, 384) and all(torch.equal(up[e], dense["encoder.layer.3.intermediate.dense.weight"]) for e in range(8))
+    assert torch.equal(weights["encoder.layer.3.output.LayerNorm.weight"], dense["encoder.layer.3.output.LayerNorm.weight"])
+    assert "encoder.layer.2.intermediate.dense.weight" in weights  # dense layers keep BERT names
+
+    out = tmp_path / "moe-noisy"
+    code, err = upcycle(capsys, "--arch", "moe", "--output", str(out), "--num-experts", "4", "--experts-per-token", "1",
+                        "--moe-layers", "all", "--router-init", "zeros", "--expert-noise", "0.01", "--seed", "3")  # fmt: skip
+    assert code == 0, err
+    noisy = load_file(str(out / "model.safetensors"))
+    assert torch.equal(noisy["encoder.layer.0.mlp.router.weight"], torch.zeros(4, 384))
+    up = noisy["encoder.layer.0.mlp.experts.up_proj"]
+    assert not torch.equal(up[0], up[1])
+    assert (up[0] - dense["encoder.layer.0.intermediate.dense.weight"]).std().item() == pytest.approx(0.01, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--experts-per-token", "9"], "num_experts_per_tok` (9) must lie in 1..num_local_experts (8)"),
+        (["--moe-layers", "6"], "moe_layers` holds layer indices [6] out of range"),
+        (["--expert-noise", "-1"], "--expert-noise must be >= 0"),
+    ],
+)
+def test_moe_bad_options(tmp_path, capsys, args, message):
+    code, err = upcycle(capsys, "--arch", "moe", "--output", str(tmp_path / "out"), *args)
+    assert code == 2 and message in err.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
