@@ -101,27 +101,28 @@ class MoeBertExperts(nn.Module):
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-        """Eager implementation: tokens sorted by expert, one pair of matmuls per expert hit.
+        """Eager implementation: routing slots sorted by expert, one gather, two matmuls per expert hit.
 
         hidden_states `(tokens, hidden)`, top_k_index / top_k_weights `(tokens, k)`.
         """
-        num_top_k = top_k_index.shape[-1]
-        flat_experts = top_k_index.reshape(-1)
+        num_tokens, num_top_k = top_k_index.shape
+        flat_experts = top_k_index.reshape(-1)  # (tokens * k,) slot -> expert
         order = torch.argsort(flat_experts, stable=True)
-        token_of_slot = order // num_top_k
-        slot_weights = top_k_weights.reshape(-1)[order].unsqueeze(-1)
         counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()  # one host sync
-        output = torch.zeros_like(hidden_states)
+        sorted_inputs = hidden_states.index_select(0, order // num_top_k)  # (slots, hidden), grouped by expert
+        sorted_outputs = torch.empty_like(sorted_inputs)
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
-            tokens = token_of_slot[start : start + count]
-            h = nn.functional.linear(hidden_states.index_select(0, tokens), self.up_proj[expert], self.up_proj_bias[expert])
-            h = nn.functional.linear(self.act_fn(h), self.down_proj[expert], self.down_proj_bias[expert])
-            output.index_add_(0, tokens, (h * slot_weights[start : start + count]).to(output.dtype))
-            start += count
-        return output
+            end = start + count
+            h = nn.functional.linear(sorted_inputs[start:end], self.up_proj[expert], self.up_proj_bias[expert])
+            sorted_outputs[start:end] = nn.functional.linear(self.act_fn(h), self.down_proj[expert], self.down_proj_bias[expert])
+            start = end
+        slot_outputs = torch.empty_like(sorted_outputs)
+        slot_outputs[order] = sorted_outputs  # back to (token, slot) order
+        weighted = slot_outputs.view(num_tokens, num_top_k, -1) * top_k_weights.unsqueeze(-1)
+        return weighted.sum(dim=1)  # deterministic reduction over the k slots of each token
 
 
 class MoeBertSparseBlock(nn.Module):

@@ -1,0 +1,121 @@
+"""Encode throughput of the dense MiniLM against the upcycled token-routed MoE, in the same run.
+
+    python benchmarks/bench_moe.py                       # batch 1, 32, 128 x 16 and 256 tokens
+    python benchmarks/bench_moe.py --batch-sizes 32 --seq-lens 16 --repeats 3
+
+The MoE is the bundled MiniLM upcycled with the converter's defaults for `--arch moe` (8 experts,
+top-2, every other layer, normal router init). For each shape the script times forward passes
+(no grad, fp32) of transformers' dense `BertModel` and of the MoE under each experts
+implementation, in interleaved rounds, and prints the median sequences/s, the measured ratio
+MoE/dense and the FLOP-bound ratio computed from the shapes (dense FLOPs / MoE FLOPs: what the
+ratio would be if both ran at the same FLOP rate). Target: the best implementation within 10% of
+the FLOP bound at batch >= 32. `batched_mm` gathers one weight matrix per routed token, so it is
+skipped where that would need more than `--batched-mm-max-gb` of memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModel
+
+from benchmarks.bench_mote import time_forward
+from convert.checkpoint import bundled_minilm_path
+from convert.upcycle import main as upcycle
+from modeling.modeling_moe import MoeBertModel
+
+IMPLEMENTATIONS = ["eager", "grouped_mm", "batched_mm"]
+
+
+def layer_flops(config, seq_len: int, ffn_multiplier: float, router: bool) -> float:
+    """Multiply-add FLOPs per token of one encoder layer (x2 for multiply and add)."""
+    h, i = config.hidden_size, config.intermediate_size
+    attention = 4 * h * h + 2 * seq_len * h  # q, k, v, o projections; scores and weighted sum
+    ffn = 2 * h * i * ffn_multiplier
+    return 2 * (attention + ffn + (h * config.num_local_experts if router else 0))
+
+
+def flop_bound_ratio(config, seq_len: int) -> float:
+    """Dense FLOPs / MoE FLOPs per token for `config` at `seq_len` tokens."""
+    dense = config.num_hidden_layers * layer_flops(config, seq_len, 1, False)
+    moe_layers = len(config.moe_layers)
+    moe = (config.num_hidden_layers - moe_layers) * layer_flops(config, seq_len, 1, False)
+    moe += moe_layers * layer_flops(config, seq_len, config.num_experts_per_tok, True)
+    return dense / moe
+
+
+def batched_mm_gigabytes(config, tokens: int) -> float:
+    """Memory batched_mm needs for the weights it gathers per routed token (fp32)."""
+    per_slot = 2 * config.hidden_size * config.intermediate_size * 4
+    return tokens * config.num_experts_per_tok * per_slot / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", default="1,32,128", help="comma-separated batch sizes")
+    parser.add_argument("--seq-lens", default="16,256", help="comma-separated sequence lengths in tokens")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds per shape")
+    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of calls per timing")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--batched-mm-max-gb", type=float, default=2.0, help="skip batched_mm above this memory")
+    parser.add_argument("--model", default=None, help="an upcycled MoE folder (default: upcycle the bundled MiniLM)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    dense = AutoModel.from_pretrained(bundled_minilm_path(), attn_implementation="sdpa").eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.model
+        if folder is None:
+            folder = str(Path(tmp) / "moe")
+            upcycle(["--arch", "moe", "--output", folder])
+        moe = MoeBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+    config = moe.config
+
+    shapes = [(b, s) for s in map(int, args.seq_lens.split(",")) for b in map(int, args.batch_sizes.split(","))]
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, sdpa; {config.num_local_experts} experts, "
+          f"top-{config.num_experts_per_tok}, MoE layers {config.moe_layers}; median of {args.repeats} rounds")
+    header = " | ".join(f"{name} seq/s (ratio)" for name in IMPLEMENTATIONS)
+    print(f"| batch | tokens | dense seq/s | {header} | FLOP-bound ratio | best / bound |")
+    print("|---:|---:|---:|" + "---:|" * len(IMPLEMENTATIONS) + "---:|---:|")
+    generator = torch.Generator().manual_seed(0)
+    for batch_size, seq_len in tqdm(shapes, desc="shapes", file=sys.stderr):
+        input_ids = torch.randint(1000, 29000, (batch_size, seq_len), generator=generator)
+        input_ids[:, 0], input_ids[:, -1] = 101, 102
+        batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+        runnable = [i for i in IMPLEMENTATIONS
+                    if i != "batched_mm" or batched_mm_gigabytes(config, batch_size * seq_len) <= args.batched_mm_max_gb]
+        runs = {name: [] for name in ["dense", *runnable]}
+        for name in runs:  # warm-up
+            if name != "dense":
+                moe.set_experts_implementation(name)
+            time_forward(dense if name == "dense" else moe, batch, 0.05)
+        for _ in range(args.repeats):
+            for name in runs:
+                if name != "dense":
+                    moe.set_experts_implementation(name)
+                runs[name].append(time_forward(dense if name == "dense" else moe, batch, args.min_time))
+        med = {name: statistics.median(values) for name, values in runs.items()}
+        bound = flop_bound_ratio(config, seq_len)
+        cells = []
+        for name in IMPLEMENTATIONS:
+            if name in med:
+                cells.append(f"{med[name]:.1f} ({med[name] / med['dense']:.3f})")
+            else:
+                cells.append(f"skipped ({batched_mm_gigabytes(config, batch_size * seq_len):.0f} GB)")
+        best = max(med[name] for name in runnable) / med["dense"]
+        print(f"| {batch_size} | {seq_len} | {med['dense']:.1f} | " + " | ".join(cells) + f" | {bound:.3f} | {best / bound:.3f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
