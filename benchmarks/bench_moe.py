@@ -15,7 +15,6 @@ skipped where that would need more than `--batched-mm-max-gb` of memory.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
@@ -28,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel
 
-from benchmarks.bench_mote import time_forward
+from benchmarks.common import prepare, time_forward, timing_parser
 from convert.checkpoint import bundled_minilm_path
 from convert.upcycle import main as upcycle
 from modeling.modeling_moe import MoeBertModel
@@ -60,17 +59,9 @@ def batched_mm_gigabytes(config, tokens: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch-sizes", default="1,32,128", help="comma-separated batch sizes")
-    parser.add_argument("--seq-lens", default="16,256", help="comma-separated sequence lengths in tokens")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds per shape")
-    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of calls per timing")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser = timing_parser(__doc__, "an upcycled MoE folder (default: upcycle the bundled MiniLM)")
     parser.add_argument("--batched-mm-max-gb", type=float, default=2.0, help="skip batched_mm above this memory")
-    parser.add_argument("--model", default=None, help="an upcycled MoE folder (default: upcycle the bundled MiniLM)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
     dense = AutoModel.from_pretrained(bundled_minilm_path(), attn_implementation="sdpa").eval()
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,14 +72,13 @@ def main() -> None:
         moe = MoeBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     config = moe.config
 
-    shapes = [(b, s) for s in map(int, args.seq_lens.split(",")) for b in map(int, args.batch_sizes.split(","))]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, sdpa; {config.num_local_experts} experts, "
           f"top-{config.num_experts_per_tok}, MoE layers {config.moe_layers}; median of {args.repeats} rounds")
     header = " | ".join(f"{name} seq/s (ratio)" for name in IMPLEMENTATIONS)
     print(f"| batch | tokens | dense seq/s | {header} | FLOP-bound ratio | best / bound |")
     print("|---:|---:|---:|" + "---:|" * len(IMPLEMENTATIONS) + "---:|---:|")
     generator = torch.Generator().manual_seed(0)
-    for batch_size, seq_len in tqdm(shapes, desc="shapes", file=sys.stderr):
+    for batch_size, seq_len in tqdm(prepare(args), desc="shapes", file=sys.stderr):
         input_ids = torch.randint(1000, 29000, (batch_size, seq_len), generator=generator)
         input_ids[:, 0], input_ids[:, -1] = 101, 102
         batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}

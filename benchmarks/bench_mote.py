@@ -12,11 +12,9 @@ ratio MoTE/dense. Targets: single-task >= 0.97, mixed >= 0.90.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -26,6 +24,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel
 
+from benchmarks.common import prepare, time_forward, timing_parser
 from convert.checkpoint import bundled_minilm_path
 from convert.upcycle import main as upcycle
 from modeling.modeling_mote import MoteBertModel
@@ -42,29 +41,8 @@ def make_batch(prefix_ids: list[list[int]], batch_size: int, seq_len: int, gener
     return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
 
 
-def time_forward(model, batch, min_time: float) -> float:
-    """Sequences per second of `model(**batch)`, repeating calls until `min_time` seconds pass."""
-    calls, start = 0, time.perf_counter()
-    with torch.inference_mode():
-        while True:
-            model(**batch)
-            calls += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_time:
-                return calls * batch["input_ids"].shape[0] / elapsed
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch-sizes", default="1,32,128", help="comma-separated batch sizes")
-    parser.add_argument("--seq-lens", default="16,256", help="comma-separated sequence lengths in tokens")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds per shape")
-    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of calls per timing")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--model", default=None, help="an upcycled MoTE folder (default: upcycle the bundled MiniLM)")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = timing_parser(__doc__, "an upcycled MoTE folder (default: upcycle the bundled MiniLM)").parse_args()
 
     dense_path = bundled_minilm_path()
     dense = AutoModel.from_pretrained(dense_path, attn_implementation="sdpa").eval()
@@ -76,12 +54,11 @@ def main() -> None:
         mote = MoteBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     prefix_ids = [mote.config.task_prefix_ids[t] for t in mote.config.tasks]
 
-    shapes = [(b, s) for s in map(int, args.seq_lens.split(",")) for b in map(int, args.batch_sizes.split(","))]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, sdpa; median of {args.repeats} rounds")
     print(f"| batch | tokens | dense seq/s | MoTE single seq/s | ratio | MoTE mixed seq/s | ratio |")
     print(f"|---:|---:|---:|---:|---:|---:|---:|")
     generator = torch.Generator().manual_seed(0)
-    for batch_size, seq_len in tqdm(shapes, desc="shapes", file=sys.stderr):
+    for batch_size, seq_len in tqdm(prepare(args), desc="shapes", file=sys.stderr):
         single = make_batch(prefix_ids[:1], batch_size, seq_len, generator)
         mixed = make_batch(prefix_ids, batch_size, seq_len, generator)
         runs = {"dense": [], "single": [], "mixed": []}

@@ -258,6 +258,12 @@ class EncoderPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _no_split_modules = ["EncoderEmbeddings", "EncoderLayer"]
 
+    def build_encoder(self, expert_layer_cls: type | None = None, expert_layers=()) -> None:
+        """Create `embeddings`, `encoder` (with `expert_layer_cls` at `expert_layers`) and `pooler`."""
+        self.embeddings = EncoderEmbeddings(self.config)
+        self.encoder = EncoderStack(self.config, expert_layer_cls, expert_layers)
+        self.pooler = EncoderPooler(self.config) if self.config.add_pooling_layer else None
+
     def get_input_embeddings(self):
         return self.embeddings.word_embeddings
 

@@ -22,7 +22,7 @@ from transformers.integrations import use_experts_implementation
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .configuration_moe import MoeBertConfig
-from .modeling_encoder import EncoderEmbeddings, EncoderLayer, EncoderPooler, EncoderPreTrainedModel, EncoderStack
+from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel
 
 
 @dataclass
@@ -206,9 +206,7 @@ class MoeBertModel(MoeBertPreTrainedModel):
 
     def __init__(self, config: MoeBertConfig):
         super().__init__(config)
-        self.embeddings = EncoderEmbeddings(config)
-        self.encoder = EncoderStack(config, MoeBertLayer, config.moe_layers)
-        self.pooler = EncoderPooler(config) if config.add_pooling_layer else None
+        self.build_encoder(MoeBertLayer, config.moe_layers)
         self.post_init()
 
     def forward(

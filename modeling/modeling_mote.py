@@ -19,15 +19,7 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .configuration_mote import MoteBertConfig
-from .modeling_encoder import (
-    EncoderEmbeddings,
-    EncoderIntermediate,
-    EncoderLayer,
-    EncoderOutput,
-    EncoderPooler,
-    EncoderPreTrainedModel,
-    EncoderStack,
-)
+from .modeling_encoder import EncoderIntermediate, EncoderLayer, EncoderOutput, EncoderPreTrainedModel
 
 
 @dataclass
@@ -158,9 +150,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
 
     def __init__(self, config: MoteBertConfig):
         super().__init__(config)
-        self.embeddings = EncoderEmbeddings(config)
-        self.encoder = EncoderStack(config, MoteBertLayer, config.expert_layers)
-        self.pooler = EncoderPooler(config) if config.add_pooling_layer else None
+        self.build_encoder(MoteBertLayer, config.expert_layers)
         self.post_init()
 
     def forward(

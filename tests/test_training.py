@@ -97,3 +97,25 @@ def test_router_aux_loss_refuses_a_model_without_aux_loss(mote_dir):
     features = [model.preprocess(["search_query: cats"]), model.preprocess(["search_document: a cat"])]
     with pytest.raises(ValueError, match=r"found `aux_loss` in 0 of 2 inputs.*st_moe.MoeTransformer"):
         loss(features, torch.zeros(1))
+
+
+def test_router_aux_loss_around_matryoshka_adds_aux_once(moe_dir):
+    from sentence_transformers.losses import MatryoshkaLoss
+
+    from training.losses import RouterAuxLoss
+
+    model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
+    matryoshka = MatryoshkaLoss(model, MultipleNegativesRankingLoss(model), matryoshka_dims=[384, 128])
+    loss = RouterAuxLoss(matryoshka)
+
+    def features():
+        return [model.preprocess(["search_query: cats", "search_query: dogs"]),
+                model.preprocess(["search_document: a cat", "search_document: a dog"])]  # fmt: skip
+
+    model.eval()  # no dropout: the three evaluations below see the same function
+    labels = torch.zeros(2)
+    total = loss(features(), labels)
+    plain = matryoshka(features(), labels)
+    inputs = features()
+    aux = torch.stack([model(f)["aux_loss"] for f in inputs]).mean()
+    assert torch.allclose(total, plain + aux, atol=1e-5)

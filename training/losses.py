@@ -19,6 +19,8 @@ class RouterAuxLoss(nn.Module):
     ```python
     loss = RouterAuxLoss(MultipleNegativesRankingLoss(model))
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data, loss=loss)
+    # with Matryoshka dimensions, wrap outside so the aux loss is added once, not once per dimension
+    loss = RouterAuxLoss(MatryoshkaLoss(model, MultipleNegativesRankingLoss(model), [384, 128]))
     ```
     """
 
