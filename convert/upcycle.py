@@ -16,7 +16,7 @@ import argparse
 import logging
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python convert/upcycle.py`
@@ -25,8 +25,8 @@ if __package__ in (None, ""):  # run as `python convert/upcycle.py`
 import torch
 from tqdm.auto import tqdm
 
+from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
 from convert.checkpoint import (
-    HUB_CARDS_DIR,
     ConversionError,
     atomic_output_dir,
     copy_modeling_files,
@@ -64,11 +64,7 @@ class Upcycled:
     files: list[str]  # files of modeling/ shipped at the folder root
     st_module: str  # "file.Class" of the Sentence-Transformers input module
     prompts: dict[str, str]
-    card_template: str  # file in hub_cards/
-    card_vars: dict = field(default_factory=dict)
-    tags: list[str] = field(default_factory=list)
     exact: bool = True  # whether the untrained model must reproduce the dense model
-    active_params: int = 0
 
 
 def parse_tasks(specs: list[str]) -> dict[str, str]:
@@ -181,27 +177,11 @@ def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycl
         task_prefix_ids=prefix_ids, default_task=args.default_task, expert_layers=args.expert_layers,
     )  # fmt: skip
     model = fill_model(MoteBertModel, config, dense_state, mote_rename(set(config.expert_layers), config.num_tasks))
-    names = {task: [task] for task in config.tasks}
-    for alias, task in config.task_aliases.items():
-        names[task].append(alias)
-    per_expert = sum(p.numel() for p in model.encoder.layer[config.expert_layers[0]].experts[0].parameters())
-    total = sum(p.numel() for p in model.parameters())
     return Upcycled(
         model=model,
         files=ENCODER_FILES + ["configuration_mote.py", "modeling_mote.py", "st_mote.py"],
         st_module="st_mote.MoteTransformer",
         prompts=with_passage(tasks),
-        card_template="mote.md",
-        tags=["mote"],
-        card_vars={
-            "expert_layers": config.expert_layers,
-            "num_tasks": config.num_tasks,
-            "task_rows": [
-                {"task": t, "prefix": config.task_prefixes[t], "names": ", ".join(f"`{n}`" for n in names[t])}
-                for t in config.tasks
-            ],
-        },
-        active_params=total - per_expert * len(config.expert_layers) * (config.num_tasks - 1),
     )
 
 
@@ -225,26 +205,12 @@ def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycle
         )  # fmt: skip
     rename = moe_rename(set(config.moe_layers), config.num_local_experts, args.expert_noise, generator)
     model = fill_model(MoeBertModel, config, dense_state, rename, new_tensors=routers)
-    experts = model.encoder.layer[config.moe_layers[0]].mlp.experts
-    per_expert = sum(p.numel() for p in experts.parameters()) // config.num_local_experts
-    total = sum(p.numel() for p in model.parameters())
-    inactive = config.num_local_experts - config.num_experts_per_tok
     return Upcycled(
         model=model,
         files=ENCODER_FILES + ["configuration_moe.py", "modeling_moe.py", "st_moe.py"],
         st_module="st_moe.MoeTransformer",
         prompts=with_passage(parse_tasks(args.tasks)),
-        card_template="moe.md",
-        tags=["moe"],
-        card_vars={
-            "moe_layers": config.moe_layers,
-            "num_experts": config.num_local_experts,
-            "top_k": config.num_experts_per_tok,
-            "norm_topk_prob": config.norm_topk_prob,
-            "aux_coef": config.router_aux_loss_coef,
-        },
         exact=config.norm_topk_prob and args.expert_noise == 0,
-        active_params=total - per_expert * len(config.moe_layers) * inactive,
     )
 
 
@@ -275,51 +241,6 @@ def verify_against_dense(model, tokenizer, source: Path, dense_state: dict, prom
             diff = dense(**batch).last_hidden_state - model(**batch).last_hidden_state
             worst = max(worst, diff[mask].abs().max().item())
     return worst
-
-
-def source_license(source: Path) -> str | None:
-    """The `license` in the source model card's metadata, if it has one."""
-    from huggingface_hub import ModelCard
-
-    try:
-        return ModelCard.load(source / "README.md").data.license
-    except Exception:  # no card, or a card without metadata: the license is unknown
-        return None
-
-
-def render_card(target: Path, upcycled: Upcycled, source: Path, base_name: str, repo_id: str) -> None:
-    """README.md model card from the architecture's template in `hub_cards/`."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    config = upcycled.model.config
-    base_is_hub_id = not Path(base_name).is_absolute() and "/" in base_name
-    card_data = ModelCardData(
-        library_name="sentence-transformers",
-        pipeline_tag="sentence-similarity",
-        tags=["sentence-transformers", "feature-extraction", "mixture-of-experts", *upcycled.tags, "moe-embed"],
-        base_model=base_name if base_is_hub_id else None,
-        license=source_license(source),
-    )
-    total = sum(p.numel() for p in upcycled.model.parameters())
-    card = ModelCard.from_template(
-        card_data,
-        template_path=str(HUB_CARDS_DIR / upcycled.card_template),
-        model_name=repo_id.split("/")[-1],
-        repo_id=repo_id,
-        base_model_name=base_name,
-        base_model_link=f"https://huggingface.co/{base_name}" if base_is_hub_id else "#",
-        num_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size,
-        source_model_type=config.source_model_type,
-        untrained=True,
-        prompts=upcycled.prompts,
-        prompt_names=", ".join(f"`{name}`" for name in upcycled.prompts),
-        query_prefix=upcycled.prompts.get("query", next(iter(upcycled.prompts.values()))),
-        total_params=f"{total / 1e6:.1f}M",
-        active_params=f"{upcycled.active_params / 1e6:.1f}M",
-        **upcycled.card_vars,
-    )
-    card.save(str(target / "README.md"))
 
 
 BUILDERS = {"mote": build_mote, "moe": build_moe}
@@ -359,7 +280,8 @@ def upcycle(args) -> Path:
         copy_modeling_files(tmp, upcycled.files)
         copy_tokenizer_files(source, tmp)
         write_sentence_transformers_files(source, tmp, upcycled.st_module, upcycled.prompts)
-        render_card(tmp, upcycled, source, base_name, args.repo_id or f"your-name/{output.name}")
+        render_card(tmp, args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}", base_model=base_name,
+                    license_id=source_license(source), untrained=True)
     logger.info("wrote %s (%s, %s)", output, args.arch, args.dtype)
     return output
 

@@ -1,0 +1,116 @@
+"""Model cards: rendered from `hub_cards/<template>.md` with `huggingface_hub.ModelCard`, from what a
+model folder holds (config, prompts, weight shapes), so every converter describes a folder the
+same way."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from convert.checkpoint import HUB_CARDS_DIR, read_json
+
+TEMPLATES = {"mote_bert": "mote.md", "moe_bert": "moe.md"}  # anything else: a dense export, dense.md
+PLACEHOLDER_OWNER = "your-name"
+
+
+def source_license(folder: Path) -> str | None:
+    """The `license` in a model folder's card metadata, if it has one."""
+    from huggingface_hub import ModelCard
+
+    try:
+        return ModelCard.load(Path(folder) / "README.md").data.license
+    except Exception:  # no card, or a card without metadata: the license is unknown
+        return None
+
+
+def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in the folder's safetensors files (headers only, no data read)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():
+                shapes[name] = tuple(handle.get_slice(name).get_shape())
+    return shapes
+
+
+def _numel(shape) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def parameter_counts(config: dict, shapes: dict) -> tuple[int, int]:
+    """(total, active per token) parameter counts of a folder's weights."""
+    total = sum(_numel(s) for s in shapes.values())
+    if config.get("model_type") == "mote_bert":
+        experts = [k for k in shapes if re.match(r"encoder\.layer\.\d+\.experts\.", k)]
+        per_layer_experts = {}
+        for key in experts:
+            layer, expert = re.match(r"encoder\.layer\.(\d+)\.experts\.(\d+)\.", key).groups()
+            per_layer_experts.setdefault(layer, {}).setdefault(expert, 0)
+            per_layer_experts[layer][expert] += _numel(shapes[key])
+        inactive = sum(sum(sizes.values()) - max(sizes.values()) for sizes in per_layer_experts.values())
+        return total, total - inactive
+    if config.get("model_type") == "moe_bert":
+        stacked = sum(_numel(s) for k, s in shapes.items() if ".mlp.experts." in k)
+        unused = config["num_local_experts"] - config["num_experts_per_tok"]
+        return total, total - stacked * unused // config["num_local_experts"]
+    return total, total
+
+
+def render_card(folder: Path, repo_id: str, base_model: str | None = None, license_id: str | None = None,
+                untrained: bool = False, provenance: str | None = None) -> None:
+    """Write `folder/README.md` for the model the folder holds.
+
+    `base_model` is the Hub id of the dense model it derives from (a local path is shown but not
+    put in the metadata), `provenance` a sentence on how the folder was made (dense exports).
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    folder = Path(folder)
+    config = read_json(folder / "config.json")
+    st_config = read_json(folder / "config_sentence_transformers.json")
+    prompts = st_config.get("prompts") or {}
+    model_type = config.get("model_type")
+    total, active = parameter_counts(config, weight_shapes(folder))
+    base_is_hub_id = bool(base_model) and not Path(base_model).is_absolute() and "/" in base_model
+    kind_tags = {"mote_bert": ["mixture-of-experts", "mote"], "moe_bert": ["mixture-of-experts", "moe"]}
+    card_data = ModelCardData(
+        library_name="sentence-transformers",
+        pipeline_tag="sentence-similarity",
+        tags=["sentence-transformers", "feature-extraction", *kind_tags.get(model_type, ["mote", "expert-averaging"]),
+              "moe-embed"],  # fmt: skip
+        base_model=base_model if base_is_hub_id else None,
+        license=license_id,
+    )
+    names = {}
+    for alias, task in (config.get("task_aliases") or {}).items():
+        names.setdefault(task, []).append(alias)
+    card = ModelCard.from_template(
+        card_data,
+        template_path=str(HUB_CARDS_DIR / TEMPLATES.get(model_type, "dense.md")),
+        model_name=repo_id.split("/")[-1],
+        repo_id=repo_id,
+        base_model_name=base_model or "a dense encoder",
+        base_model_link=f"https://huggingface.co/{base_model}" if base_is_hub_id else "#",
+        config=config,
+        num_layers=config["num_hidden_layers"],
+        hidden_size=config["hidden_size"],
+        source_model_type=config.get("source_model_type", model_type),
+        untrained=untrained,
+        provenance=provenance,
+        prompts=prompts,
+        default_prompt_name=st_config.get("default_prompt_name"),
+        prompt_names=", ".join(f"`{name}`" for name in prompts),
+        query_prefix=prompts.get("query", next(iter(prompts.values()), "")),
+        task_rows=[
+            {"task": t, "prefix": config["task_prefixes"][t], "names": ", ".join(f"`{n}`" for n in [t, *names.get(t, [])])}
+            for t in config.get("tasks") or []
+        ],
+        total_params=f"{total / 1e6:.1f}M",
+        active_params=f"{active / 1e6:.1f}M",
+    )
+    card.save(str(folder / "README.md"))
