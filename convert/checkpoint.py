@@ -275,13 +275,15 @@ def write_json(path: Path, data) -> None:
 
 
 def write_sentence_transformers_files(
-    source: Path, target: Path, st_module: str, prompts: dict[str, str], max_seq_length: int | None = None
+    source: Path, target: Path, st_module: str, prompts: dict[str, str], default_prompt_name: str | None = None,
+    drop_module_keys: tuple[str, ...] = (),
 ) -> None:
     """Write `modules.json`, the module configs and `config_sentence_transformers.json`.
 
-    The input module is `st_module` ("file.Class", its file at the folder root); pooling and
-    normalisation are copied from `source` when it is a Sentence-Transformers model, else mean
-    pooling without normalisation.
+    The input module is `st_module` ("file.Class" with its file at the folder root, or
+    sentence-transformers' own `Transformer`); its `sentence_bert_config.json` is the source's
+    without `drop_module_keys`. Pooling and normalisation are copied from `source` when it is a
+    Sentence-Transformers model, else mean pooling without normalisation.
     """
     import sentence_transformers
     import transformers
@@ -302,8 +304,7 @@ def write_sentence_transformers_files(
     write_json(target / "modules.json", modules)
 
     st_config = read_json(source / "sentence_bert_config.json") if (source / "sentence_bert_config.json").exists() else {}
-    if max_seq_length is not None:
-        st_config["max_seq_length"] = max_seq_length
+    st_config = {key: value for key, value in st_config.items() if key not in drop_module_keys}
     write_json(target / "sentence_bert_config.json", st_config)
     write_json(
         target / "config_sentence_transformers.json",
@@ -315,7 +316,7 @@ def write_sentence_transformers_files(
                 "pytorch": torch.__version__.split("+")[0],
             },
             "prompts": prompts,
-            "default_prompt_name": None,
+            "default_prompt_name": default_prompt_name,
             "similarity_fn_name": "cosine",
         },
     )

@@ -46,6 +46,10 @@ class MoteBertConfig(EncoderConfig):
         expert_layers (`list[int]` or `str`, *optional*, defaults to `"every_other"`): Layers that hold
             task experts: `"all"` (EB), `"every_other"` (EOB: layers 1, 3, 5, ...) or explicit indices.
             Stored resolved, as a list.
+        active_tasks (`list[str]`, *optional*): Tasks whose experts the model holds; `None` holds all.
+            `from_pretrained(..., active_tasks=["query"])` reads only those experts' tensors, so a model
+            serving one task takes the memory of the dense model. Other tasks are still recognised
+            (by name or prefix) and requesting one is an error.
     """
 
     model_type = "mote_bert"
@@ -56,6 +60,7 @@ class MoteBertConfig(EncoderConfig):
     task_aliases: dict[str, str] | None = None
     default_task: str | None = None
     expert_layers: list[int] | str = "every_other"
+    active_tasks: list[str] | None = None
 
     def __post_init__(self, **kwargs):
         if self.tasks is None:

@@ -62,15 +62,26 @@ class MoteBertLayer(EncoderLayer):
     attention_norm_in_layer = False
 
     def build_feed_forward(self, config: MoteBertConfig) -> None:
-        self.experts = nn.ModuleList(MoteBertExpert(config) for _ in range(config.num_tasks))
+        # Keyed by task index, so parameter names (`experts.2.…`) do not depend on which are loaded.
+        self.experts = nn.ModuleDict({str(i): MoteBertExpert(config) for i in active_expert_indices(config)})
 
     def feed_forward(self, attention_output: torch.Tensor, routing: MoteRouting):
         if len(routing.segments) == 1:
-            return self.experts[routing.segments[0][0]](attention_output), None
+            return self.experts[str(routing.segments[0][0])](attention_output), None
         # One call per task present, each on a contiguous slice of rows (a view, no gather).
         return torch.cat(
-            [self.experts[expert](attention_output[start:end]) for expert, start, end in routing.segments]
+            [self.experts[str(expert)](attention_output[start:end]) for expert, start, end in routing.segments]
         ), None
+
+
+def active_expert_indices(config: MoteBertConfig) -> list[int]:
+    """Sorted indices of the tasks whose experts the model holds (names and aliases accepted)."""
+    if config.active_tasks is None:
+        return list(range(config.num_tasks))
+    indices = sorted({config.task_index(name) for name in config.active_tasks})
+    if not indices:
+        raise ValueError(f"`active_tasks` must name at least one task. {config.describe_tasks()}")
+    return indices
 
 
 def detect_task_ids(input_ids: torch.Tensor, config: MoteBertConfig) -> torch.LongTensor:
@@ -150,8 +161,43 @@ class MoteBertModel(MoteBertPreTrainedModel):
 
     def __init__(self, config: MoteBertConfig):
         super().__init__(config)
+        active = active_expert_indices(config)
+        if config.active_tasks is not None:  # `from_pretrained(active_tasks=...)` sets it after validation
+            config.active_tasks = [config.tasks[i] for i in active]
         self.build_encoder(MoteBertLayer, config.expert_layers)
+        inactive = sorted(set(range(config.num_tasks)) - set(active))
+        if inactive:  # their tensors in a checkpoint are expected and left unread
+            self._keys_to_ignore_on_load_unexpected = [rf"encoder\.layer\.\d+\.experts\.({'|'.join(map(str, inactive))})\."]
         self.post_init()
+
+    def set_active_tasks(self, tasks: list[str], offload_device: str | torch.device | None = None) -> None:
+        """Keep the experts of `tasks` on the model's device; drop the others, or move them to `offload_device`.
+
+        Dropped experts are gone until the model is reloaded; offloaded ones come back with another
+        call that names their task. Requesting a task whose experts are not here raises a `ValueError`.
+        """
+        keep = [self.config.tasks[self.config.task_index(name)] for name in tasks]
+        if not keep:
+            raise ValueError(f"`tasks` must name at least one task. {self.config.describe_tasks()}")
+        keep_ids = {str(self.config.tasks.index(task)) for task in keep}
+        device = self.embeddings.word_embeddings.weight.device
+        for layer_idx in self.config.expert_layers:
+            experts = self.encoder.layer[layer_idx].experts
+            missing = keep_ids - set(experts.keys())
+            if missing:
+                raise ValueError(
+                    f"experts of tasks {[self.config.tasks[int(i)] for i in sorted(missing)]} were dropped; reload "
+                    f"the model to get them back"
+                )
+            for key in list(experts.keys()):
+                if key in keep_ids:
+                    experts[key].to(device)
+                elif offload_device is None:
+                    del experts[key]
+                else:
+                    experts[key].to(offload_device)
+        if offload_device is None:
+            self.config.active_tasks = [t for t in self.config.tasks if t in keep]
 
     def forward(
         self,
@@ -185,6 +231,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
         ids = resolve_task_ids(self.config, batch_size, reference.device, task, task_ids, input_ids)
 
         counts = torch.bincount(ids, minlength=self.config.num_tasks).tolist()
+        self._check_experts_present([i for i, count in enumerate(counts) if count], reference.device)
         order = None
         if max(counts) < batch_size:
             order = torch.argsort(ids, stable=True)
@@ -212,6 +259,25 @@ class MoteBertModel(MoteBertPreTrainedModel):
             last_hidden_state=last, pooler_output=pooled, hidden_states=hidden, attentions=attentions, task_ids=ids
         )
         return output if return_dict is not False else output.to_tuple()
+
+
+    def _check_experts_present(self, experts: list[int], device: torch.device) -> None:
+        """Raise a clear error when a requested task's experts were dropped or offloaded."""
+        layer = self.encoder.layer[self.config.expert_layers[0]]
+        for expert in experts:
+            task = self.config.tasks[expert]
+            module = layer.experts[str(expert)] if str(expert) in layer.experts else None
+            if module is None:
+                raise ValueError(
+                    f"Task {task!r} is not loaded: this model holds the experts of {self.config.active_tasks}. "
+                    f"Load it without `active_tasks` (or with {task!r} in it) to use this task."
+                )
+            where = module.attention_LayerNorm.weight.device
+            if where != device:
+                raise ValueError(
+                    f"The experts of task {task!r} are offloaded to {where}; call "
+                    f"`model.set_active_tasks([..., {task!r}], offload_device=...)` to bring them back."
+                )
 
 
 def _take_rows(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:

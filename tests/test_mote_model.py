@@ -35,7 +35,7 @@ def test_perturbing_one_expert_changes_only_its_task(mote_model, tokenizer):
         before = {t: mote_model(**b, task=t).last_hidden_state for t, b in batches.items()}
         target = TASKS.index("classification")
         for layer in mote_model.config.expert_layers:
-            expert = mote_model.encoder.layer[layer].experts[target]
+            expert = mote_model.encoder.layer[layer].experts[str(target)]
             expert.intermediate.dense.weight.mul_(1.5)
             expert.attention_LayerNorm.bias.add_(0.1)
         after = {t: mote_model(**b, task=t).last_hidden_state for t, b in batches.items()}
@@ -147,7 +147,7 @@ def test_gradients_reach_only_the_routed_expert():
     (out * torch.randn(out.shape)).sum().backward()
     for layer in model.config.expert_layers:
         grads = [any(p.grad is not None and p.grad.abs().sum() > 0 for p in e.parameters())
-                 for e in model.encoder.layer[layer].experts]  # fmt: skip
+                 for e in model.encoder.layer[layer].experts.values()]  # fmt: skip
         assert grads == [True, False, False, True]
 
 

@@ -56,7 +56,7 @@ def st_mote_specialised(mote_dir):
     auto_model = model[0].auto_model
     with torch.no_grad():
         for layer in auto_model.config.expert_layers:
-            for index, expert in enumerate(auto_model.encoder.layer[layer].experts):
+            for index, expert in enumerate(auto_model.encoder.layer[layer].experts.values()):
                 expert.output.LayerNorm.bias.add_(0.05 * (index + 1))
     return model
 

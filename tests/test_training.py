@@ -25,7 +25,7 @@ def _expert_params(model, task):
     return {
         f"{layer}.{name}": p.detach().clone()
         for layer in auto.config.expert_layers
-        for name, p in auto.encoder.layer[layer].experts[index].named_parameters()
+        for name, p in auto.encoder.layer[layer].experts[str(index)].named_parameters()
     }
 
 

@@ -1,0 +1,299 @@
+"""Merge the experts of a MoTE or token-routed MoE folder into a plain dense transformers model.
+
+    python convert/merge_experts.py models/mote-minilm --output models/minilm-ea              # Expert Averaging
+    python convert/merge_experts.py models/mote-minilm --task query --output models/minilm-query
+    python convert/merge_experts.py models/mote-minilm --experts clustering,document --output models/minilm-cd
+    python convert/merge_experts.py models/moe-minilm --calibration texts.txt --output models/minilm-moe-ea
+
+Expert Averaging (MoTE paper, v1 section 3.3): every expert layer's experts are averaged, the two
+LayerNorms included, into one feed-forward block, giving a model with the dense architecture and
+memory. `--task` exports one task's experts unchanged: a MoTE model used for one task is a dense
+model. The output is a `bert` / `roberta` / `xlm-roberta` folder (like the checkpoint the model
+was upcycled from) with the Sentence-Transformers files and prompts, loadable without remote code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python convert/merge_experts.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+from tqdm.auto import tqdm
+
+from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
+from convert.checkpoint import (
+    ENCODER_FIELDS,
+    ConversionError,
+    atomic_output_dir,
+    copy_tokenizer_files,
+    parse_dtype,
+    read_json,
+    read_state_dict,
+    run_cli,
+    write_sentence_transformers_files,
+)
+
+logger = logging.getLogger("merge_experts")
+
+DENSE_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
+_MOTE_KEY = re.compile(r"^encoder\.layer\.(\d+)\.experts\.(\d+)\.(.+)$")
+_MOTE_PART = {"attention_LayerNorm": "attention.output.LayerNorm", "intermediate": "intermediate", "output": "output"}
+_MOE_KEY = re.compile(r"^encoder\.layer\.(\d+)\.mlp\.(experts\.(up_proj|up_proj_bias|down_proj|down_proj_bias)|router\.weight)$")
+_MOE_TARGET = {"up_proj": "intermediate.dense.weight", "up_proj_bias": "intermediate.dense.bias",
+               "down_proj": "output.dense.weight", "down_proj_bias": "output.dense.bias"}  # fmt: skip
+
+
+def weighted_average(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """`Σ w_i t_i` for weights summing to 1, computed as `t_0 + Σ w_i (t_i - t_0)` in float64.
+
+    Algebraically the same, but identical experts give back `t_0` bit for bit (an untrained
+    upcycled model averages to its dense source exactly).
+    """
+    base = tensors[0].double()
+    total = base.clone()
+    for tensor, weight in zip(tensors[1:], weights[1:]):
+        total += weight * (tensor.double() - base)
+    return total.to(tensors[0].dtype)
+
+
+def normalised_weights(count: int, weights: list[float] | None) -> list[float]:
+    """`weights` (positive, one per selected expert) scaled to sum to 1; uniform when `None`."""
+    if weights is None:
+        return [1.0 / count] * count
+    if len(weights) != count:
+        raise ConversionError(f"--weights has {len(weights)} values for {count} experts")
+    if any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ConversionError(f"--weights must be non-negative with a positive sum, got {weights}")
+    return [w / sum(weights) for w in weights]
+
+
+def mote_expert_indices(config: dict, names: list[str] | None) -> list[int]:
+    """Indices of the MoTE experts named (task names or aliases); all tasks when `names` is None."""
+    tasks, aliases = config["tasks"], config.get("task_aliases") or {}
+    if names is None:
+        return list(range(len(tasks)))
+    indices = []
+    for name in names:
+        task = name if name in tasks else aliases.get(name)
+        if task is None:
+            raise ConversionError(f"unknown task {name!r}; tasks are {tasks}" + (f", aliases {sorted(aliases)}" if aliases else ""))
+        indices.append(tasks.index(task))
+    if len(set(indices)) != len(indices):
+        raise ConversionError(f"--experts names a task twice: {names}")
+    return indices
+
+
+def merge_mote(state: dict, config: dict, experts: list[int], weights: list[float]) -> dict:
+    """Dense BERT state dict: each expert layer's selected experts averaged with `weights`."""
+    merged, groups = {}, {}
+    for key, tensor in state.items():
+        match = _MOTE_KEY.match(key)
+        if match is None:
+            merged[key] = tensor
+            continue
+        layer, expert, rest = match.groups()
+        part, _, leaf = rest.partition(".")
+        if part not in _MOTE_PART:
+            raise ConversionError(f"unexpected expert tensor {key}")
+        groups.setdefault(f"encoder.layer.{layer}.{_MOTE_PART[part]}.{leaf}", {})[int(expert)] = tensor
+    for target, by_expert in tqdm(groups.items(), desc="averaging", unit="tensor"):
+        missing = [e for e in experts if e not in by_expert]
+        if missing:
+            raise ConversionError(
+                f"the folder lacks experts {[config['tasks'][e] for e in missing]} for {target} (saved with active_tasks?)"
+            )
+        merged[target] = weighted_average([by_expert[e] for e in experts], weights)
+    return merged
+
+
+def merge_moe(state: dict, experts: list[int], layer_weights: dict[int, list[float]]) -> dict:
+    """Dense BERT state dict: each MoE layer's stacked experts averaged; routers dropped."""
+    merged = {}
+    for key, tensor in tqdm(state.items(), desc="averaging", unit="tensor"):
+        match = _MOE_KEY.match(key)
+        if match is None:
+            merged[key] = tensor
+        elif match.group(3) is not None:  # stacked expert parameter (E, ...)
+            layer = int(match.group(1))
+            merged[f"encoder.layer.{layer}.{_MOE_TARGET[match.group(3)]}"] = weighted_average(
+                [tensor[e] for e in experts], layer_weights[layer]
+            )
+    return merged
+
+
+def router_usage(folder: Path, calibration: Path, experts: list[int], batch_size: int = 32) -> dict[int, list[float]]:
+    """Per MoE layer, the share of routing slots each selected expert receives on the calibration texts."""
+    from transformers import AutoTokenizer
+
+    from modeling.modeling_moe import MoeBertModel
+
+    try:
+        texts = [line.strip() for line in calibration.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except OSError as error:
+        raise ConversionError(f"cannot read --calibration {calibration}: {error.strerror}") from None
+    if not texts:
+        raise ConversionError(f"--calibration {calibration} holds no text (one text per line expected)")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = MoeBertModel.from_pretrained(str(folder), experts_implementation="eager").eval()
+    counts = {layer: torch.zeros(model.config.num_local_experts) for layer in model.config.moe_layers}
+    with torch.no_grad():
+        for start in tqdm(range(0, len(texts), batch_size), desc="calibration", unit="batch"):
+            batch = tokenizer(texts[start : start + batch_size], padding=True, truncation=True, return_tensors="pt")
+            out = model(**batch, output_router_logits=True)
+            for layer, logits in zip(model.config.moe_layers, out.router_logits):
+                chosen = torch.topk(logits, model.config.num_experts_per_tok, dim=-1).indices.reshape(-1)
+                counts[layer] += torch.bincount(chosen, minlength=model.config.num_local_experts).float()
+    usage = {}
+    for layer, count in counts.items():
+        selected = count[experts]
+        if selected.sum() == 0:
+            raise ConversionError(f"no calibration token was routed to experts {experts} in layer {layer}")
+        usage[layer] = (selected / selected.sum()).tolist()
+        logger.info("layer %d router usage of experts %s: %s", layer, experts, [round(u, 3) for u in usage[layer]])
+    return usage
+
+
+def dense_config(config: dict) -> "transformers.PretrainedConfig":  # noqa: F821
+    """The transformers config of the dense model with the same encoder shape."""
+    from transformers import AutoConfig
+
+    model_type = config.get("source_model_type") or "bert"
+    if model_type not in DENSE_ARCHITECTURES:
+        raise ConversionError(f"cannot export to model_type {model_type!r}; expected one of {list(DENSE_ARCHITECTURES)}")
+    expected_offset = 0 if model_type == "bert" else config.get("pad_token_id", 1) + 1
+    if config.get("position_offset", 0) != expected_offset:
+        raise ConversionError(
+            f"position_offset {config.get('position_offset')} does not match a {model_type} checkpoint ({expected_offset})"
+        )
+    fields = {key: config[key] for key in ENCODER_FIELDS if key in config}
+    dense = AutoConfig.for_model(model_type, **fields, architectures=[DENSE_ARCHITECTURES[model_type]])
+    if config.get("dtype"):
+        dense.dtype = config["dtype"]
+    return dense
+
+
+def merge(args) -> Path:
+    """Write the dense folder `args` describes; returns its path."""
+    from transformers import AutoModel
+
+    folder = Path(args.model_dir)
+    if not (folder / "config.json").is_file():
+        raise ConversionError(f"{folder} is not a model folder (no config.json)")
+    config = read_json(folder / "config.json")
+    model_type = config.get("model_type")
+    if model_type not in ("mote_bert", "moe_bert"):
+        raise ConversionError(
+            f"{folder} holds model_type={model_type!r}; expected a MoTE (mote_bert) or token-routed MoE (moe_bert) folder"
+        )
+    output = Path(args.output)
+    if output.exists() and not args.overwrite:
+        raise ConversionError(f"{output.resolve()} already exists; pass --overwrite to replace it")
+    if args.task and args.experts:
+        raise ConversionError("pass --task or --experts, not both")
+    if args.calibration and args.weights:
+        raise ConversionError("pass --calibration or --weights, not both")
+    weights = [float(w) for w in args.weights.split(",")] if args.weights else None
+    names = [args.task] if args.task else (args.experts.split(",") if args.experts else None)
+    st_prompts = read_json(folder / "config_sentence_transformers.json").get("prompts", {})
+    default_prompt = None
+
+    state = read_state_dict(folder)
+    if model_type == "mote_bert":
+        if args.calibration:
+            raise ConversionError("--calibration weights experts by router usage; MoTE routes by task, use --weights")
+        experts = mote_expert_indices(config, names)
+        merged = merge_mote(state, config, experts, normalised_weights(len(experts), weights))
+        chosen = [config["tasks"][e] for e in experts]
+        if args.task:
+            task = chosen[0]
+            prefix = config["task_prefixes"][task]
+            default_prompt = task if st_prompts.get(task) == prefix else next(
+                (name for name, text in st_prompts.items() if text == prefix), None)  # fmt: skip
+            if default_prompt is None:
+                default_prompt = task
+                st_prompts = {**st_prompts, task: prefix}
+            provenance = f"It holds the `{task}` task experts of the MoTE model, unchanged; `encode` prepends `{prefix}`."
+        else:
+            provenance = f"Expert Averaging of the task experts {chosen} ({', '.join(f'{w:.3g}' for w in normalised_weights(len(experts), weights))})."
+    else:
+        if args.task:
+            raise ConversionError("--task applies to MoTE folders; a token-routed MoE has no task experts")
+        num_experts = config["num_local_experts"]
+        try:
+            experts = [int(e) for e in names] if names else list(range(num_experts))
+        except ValueError:
+            raise ConversionError(f"--experts for a token-routed MoE takes expert indices 0..{num_experts - 1}") from None
+        if any(not 0 <= e < num_experts for e in experts) or len(set(experts)) != len(experts):
+            raise ConversionError(f"--experts must be distinct indices in 0..{num_experts - 1}, got {experts}")
+        if args.calibration:
+            layer_weights = router_usage(folder, Path(args.calibration), experts)
+        else:
+            uniform = normalised_weights(len(experts), weights)
+            layer_weights = {layer: uniform for layer in config["moe_layers"]}
+        merged = merge_moe(state, experts, layer_weights)
+        provenance = f"Expert Averaging of experts {experts} of every MoE layer" + (
+            " weighted by router usage on a calibration text." if args.calibration else "."
+        )
+
+    target_config = dense_config(config)
+    with torch.device("meta"):
+        model = AutoModel.from_config(target_config, add_pooling_layer=config.get("add_pooling_layer", True))
+    try:
+        model.load_state_dict(merged, strict=True, assign=True)
+    except RuntimeError as error:
+        raise ConversionError(f"merged weights do not fit {type(model).__name__}: {str(error).splitlines()[0]}") from None
+    model = model.to(parse_dtype(args.dtype) if args.dtype else next(iter(merged.values())).dtype).eval()
+
+    base_model = None
+    try:
+        from huggingface_hub import ModelCard
+
+        base_model = ModelCard.load(folder / "README.md").data.base_model
+    except Exception:  # no card: the base model is unknown
+        pass
+    with atomic_output_dir(output, args.overwrite) as tmp:
+        model.save_pretrained(tmp, max_shard_size=args.max_shard_size)
+        copy_tokenizer_files(folder, tmp)
+        write_sentence_transformers_files(
+            folder, tmp, "sentence_transformers.models.Transformer", st_prompts, default_prompt_name=default_prompt,
+            drop_module_keys=("prepend_task_prefix",),
+        )  # fmt: skip
+        render_card(tmp, args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}", base_model=base_model,
+                    license_id=source_license(folder), provenance=provenance)  # fmt: skip
+    logger.info("wrote %s (%s)", output, provenance)
+    return output
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Merge the experts of a MoTE or token-routed MoE folder into a plain dense transformers model.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("model_dir", help="MoTE (mote_bert) or token-routed MoE (moe_bert) model folder")
+    parser.add_argument("--output", required=True, help="folder to write")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    parser.add_argument("--task", default=None, help="MoTE: export this task's experts (its prompt becomes the default)")
+    parser.add_argument("--experts", default=None,
+                        help="average only these experts: MoTE task names (e.g. clustering,document) or MoE indices (e.g. 0,3)")
+    parser.add_argument("--weights", default=None, help="comma-separated weights of the averaged experts (normalised)")
+    parser.add_argument("--calibration", default=None,
+                        help="MoE: text file, one text per line; weight each layer's experts by their router usage on it")
+    parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                        help="dtype of the saved weights (default: that of the input)")
+    parser.add_argument("--max-shard-size", default="2GB", help="safetensors shard size above which weights are split")
+    parser.add_argument("--repo-id", default=None, help="Hub id shown in the model card's usage snippets")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    merge(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    run_cli(main)

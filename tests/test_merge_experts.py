@@ -1,0 +1,151 @@
+"""convert/merge_experts.py: Expert Averaging and per-task export to plain dense models."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TEXTS, randomize_experts, read_json, run_isolated
+from safetensors.torch import load_file
+from sentence_transformers import SentenceTransformer
+
+from convert.checkpoint import run_cli
+from convert.merge_experts import main as merge_main
+
+PLAIN_LOAD = """
+import json, sys
+from sentence_transformers import SentenceTransformer
+from transformers import AutoModel
+folder, texts = sys.argv[1], json.loads(sys.argv[2])
+model = AutoModel.from_pretrained(folder)              # no trust_remote_code
+assert type(model).__name__ == "BertModel", type(model)
+st = SentenceTransformer(folder)                       # no trust_remote_code
+print(json.dumps({"default": st.encode(texts).tolist(), "prompts": st.prompts, "default_prompt": st.default_prompt_name}))
+"""
+
+
+def merge(capsys, *args) -> tuple[int, str]:
+    try:
+        run_cli(merge_main, list(args))
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
+def _dense_weights(dense_path):
+    return {k: v for k, v in load_file(str(Path(dense_path) / "model.safetensors")).items() if "position_ids" not in k}
+
+
+def test_expert_averaging_of_untrained_mote_is_the_dense_model(mote_dir, dense_path, tmp_path, capsys):
+    out = tmp_path / "ea"
+    code, err = merge(capsys, mote_dir, "--output", str(out))
+    assert code == 0, err
+    merged, dense = load_file(str(out / "model.safetensors")), _dense_weights(dense_path)
+    assert merged.keys() == dense.keys()
+    assert all(torch.equal(merged[k], dense[k]) for k in dense)
+    config = read_json(out / "config.json")
+    assert config["model_type"] == "bert" and config["architectures"] == ["BertModel"] and "auto_map" not in config
+    assert not list(out.glob("*.py"))
+    ea = SentenceTransformer(str(out))
+    reference = SentenceTransformer(dense_path)
+    assert torch.equal(ea.encode(TEXTS, prompt_name="query", convert_to_tensor=True),
+                       reference.encode(["search_query: " + t for t in TEXTS], convert_to_tensor=True))  # fmt: skip
+
+
+def test_expert_averaging_of_trained_experts_is_the_hand_average(mote_dir, tmp_path, capsys):
+    from modeling.modeling_mote import MoteBertModel
+
+    model = MoteBertModel.from_pretrained(mote_dir)
+    randomize_experts(model, seed=7)
+    trained = tmp_path / "trained"
+    st = SentenceTransformer(mote_dir, trust_remote_code=True)
+    st[0].auto_model.load_state_dict(model.state_dict())
+    st.save(str(trained))
+    out = tmp_path / "ea"
+    code, err = merge(capsys, str(trained), "--output", str(out), "--experts", "clustering,passage", "--weights", "3,1")
+    assert code == 0, err
+    merged = load_file(str(out / "model.safetensors"))
+    layer = model.encoder.layer[3]
+    clustering, document = layer.experts["3"], layer.experts["1"]
+    expected = {
+        "encoder.layer.3.intermediate.dense.weight": 0.75 * clustering.intermediate.dense.weight + 0.25 * document.intermediate.dense.weight,
+        "encoder.layer.3.attention.output.LayerNorm.bias": 0.75 * clustering.attention_LayerNorm.bias + 0.25 * document.attention_LayerNorm.bias,
+        "encoder.layer.3.output.LayerNorm.weight": 0.75 * clustering.output.LayerNorm.weight + 0.25 * document.output.LayerNorm.weight,
+    }  # fmt: skip
+    for key, value in expected.items():
+        assert torch.allclose(merged[key], value.detach(), atol=1e-6), key
+    assert torch.equal(merged["encoder.layer.2.intermediate.dense.weight"], model.encoder.layer[2].intermediate.dense.weight)
+
+
+def test_task_export_equals_mote_routed_to_that_task_without_remote_code(mote_dir, tmp_path, capsys):
+    import json
+
+    st = SentenceTransformer(mote_dir, trust_remote_code=True)
+    randomize_experts(st[0].auto_model, seed=11)
+    trained = tmp_path / "trained"
+    st.save(str(trained))
+    out = tmp_path / "clustering"
+    code, err = merge(capsys, str(trained), "--task", "clustering", "--output", str(out))
+    assert code == 0, err
+    result = json.loads(run_isolated(PLAIN_LOAD, str(out), json.dumps(TEXTS)).splitlines()[-1])
+    assert result["default_prompt"] == "clustering"
+    expected = st.encode(TEXTS, prompt_name="clustering", convert_to_tensor=True)
+    assert (torch.tensor(result["default"]) - expected).abs().max() <= 1e-5
+    # and it is not what another task's experts give
+    other = st.encode(TEXTS, prompt="clustering: ", task="query", convert_to_tensor=True)
+    assert (torch.tensor(result["default"]) - other).abs().max() > 1e-3
+
+
+def test_moe_expert_averaging(moe_dir, dense_path, tmp_path, capsys):
+    out = tmp_path / "moe-ea"
+    code, err = merge(capsys, moe_dir, "--output", str(out))
+    assert code == 0, err
+    merged, dense = load_file(str(out / "model.safetensors")), _dense_weights(dense_path)
+    assert merged.keys() == dense.keys() and all(torch.equal(merged[k], dense[k]) for k in dense)
+
+    # router-usage weights on a calibration text, with a subset of experts
+    from modeling.modeling_moe import MoeBertModel
+
+    model = MoeBertModel.from_pretrained(moe_dir)
+    randomize_experts(model, seed=2)
+    trained = tmp_path / "trained"
+    st = SentenceTransformer(moe_dir, trust_remote_code=True)
+    st[0].auto_model.load_state_dict(model.state_dict())
+    st.save(str(trained))
+    texts = tmp_path / "calibration.txt"
+    texts.write_text("\n".join(TEXTS * 3) + "\n")
+    out = tmp_path / "moe-usage"
+    code, err = merge(capsys, str(trained), "--output", str(out), "--calibration", str(texts), "--experts", "0,1,2,3")
+    assert code == 0, err
+    merged = load_file(str(out / "model.safetensors"))
+    up = model.encoder.layer[1].mlp.experts.up_proj.detach()
+    uniform = up[:4].mean(0)
+    # usage-weighted: a convex combination of experts 0-3 that is not their plain mean
+    assert not torch.allclose(merged["encoder.layer.1.intermediate.dense.weight"], uniform, atol=1e-7)
+    assert "encoder.layer.1.mlp.router.weight" not in merged
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--task", "legal"], "unknown task 'legal'"),
+        (["--experts", "query,query"], "names a task twice"),
+        (["--weights", "1,2"], "--weights has 2 values for 4 experts"),
+        (["--task", "query", "--experts", "document"], "pass --task or --experts, not both"),
+        (["--calibration", "x.txt"], "MoTE routes by task"),
+    ],
+)
+def test_bad_input(mote_dir, tmp_path, capsys, args, message):
+    code, err = merge(capsys, mote_dir, "--output", str(tmp_path / "out"), *args)
+    assert code == 2 and message in err.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_refusals(mote_dir, dense_path, tmp_path, capsys):
+    code, err = merge(capsys, dense_path, "--output", str(tmp_path / "out"))
+    assert code == 2 and "expected a MoTE (mote_bert) or token-routed MoE (moe_bert) folder" in err
+    code, err = merge(capsys, str(tmp_path / "nowhere"), "--output", str(tmp_path / "out"))
+    assert code == 2 and "is not a model folder" in err
+    (tmp_path / "exists").mkdir()
+    code, err = merge(capsys, mote_dir, "--output", str(tmp_path / "exists"))
+    assert code == 2 and "already exists; pass --overwrite" in err
