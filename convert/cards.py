@@ -61,9 +61,14 @@ def parameter_counts(config: dict, shapes: dict) -> tuple[int, int]:
     return total, total
 
 
-def render_card(folder: Path, repo_id: str, base_model: str | None = None, license_id: str | None = None,
-                untrained: bool = False, provenance: str | None = None) -> None:
-    """Write `folder/README.md` for the model the folder holds.
+def render_card(folder: Path, repo_id: str, **kwargs) -> None:
+    """Write `folder/README.md` for the model the folder holds (arguments as `build_card`)."""
+    build_card(folder, repo_id, **kwargs).save(str(Path(folder) / "README.md"))
+
+
+def build_card(folder: Path, repo_id: str, base_model: str | None = None, license_id: str | None = None,
+               untrained: bool = False, provenance: str | None = None):
+    """The `huggingface_hub.ModelCard` of the model a folder holds.
 
     `base_model` is the Hub id of the dense model it derives from (a local path is shown but not
     put in the metadata), `provenance` a sentence on how the folder was made (dense exports).
@@ -89,7 +94,7 @@ def render_card(folder: Path, repo_id: str, base_model: str | None = None, licen
     names = {}
     for alias, task in (config.get("task_aliases") or {}).items():
         names.setdefault(task, []).append(alias)
-    card = ModelCard.from_template(
+    return ModelCard.from_template(
         card_data,
         template_path=str(HUB_CARDS_DIR / TEMPLATES.get(model_type, "dense.md")),
         model_name=repo_id.split("/")[-1],
@@ -113,4 +118,3 @@ def render_card(folder: Path, repo_id: str, base_model: str | None = None, licen
         total_params=f"{total / 1e6:.1f}M",
         active_params=f"{active / 1e6:.1f}M",
     )
-    card.save(str(folder / "README.md"))

@@ -1,0 +1,150 @@
+"""Validate a model folder and publish it to the Hugging Face Hub (safetensors and code, never pickles).
+
+    python convert/push_to_hub.py models/mote-minilm --repo-id you/mote-minilm
+    python convert/push_to_hub.py models/minilm-ea --repo-id you/minilm-ea --private --revision v1
+
+Before anything is uploaded, the folder is loaded in a separate Python process with
+`AutoModel.from_pretrained(..., trust_remote_code=True)` and `SentenceTransformer(...)`, and both run a
+forward pass. The model card is refreshed for the target repository (metadata for the Hub, usage
+snippets naming `--repo-id`), or rendered from `hub_cards/` if the folder has none; the folder
+itself is not modified. Everything is uploaded in one commit. The token comes from the usual
+huggingface_hub sources (`HF_TOKEN`, `hf auth login`) and is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python convert/push_to_hub.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from convert.cards import PLACEHOLDER_OWNER, build_card
+from convert.checkpoint import ConversionError, read_json, run_cli
+
+logger = logging.getLogger("push_to_hub")
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+# Loads the folder the way users will, in a fresh interpreter, and runs one forward pass each way.
+VALIDATE = """
+import json, sys
+import torch
+from transformers import AutoModel, AutoTokenizer
+from sentence_transformers import SentenceTransformer
+folder = sys.argv[1]
+config = json.load(open(folder + "/config.json"))
+prefix = next(iter((config.get("task_prefixes") or {"": ""}).values()))
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+with torch.no_grad():
+    out = model(**tokenizer([prefix + "a test sentence"], return_tensors="pt"))
+assert torch.isfinite(out.last_hidden_state).all(), "non-finite outputs"
+st = SentenceTransformer(folder, trust_remote_code=True)
+names = list(st.prompts)
+embedding = st.encode(["a test sentence"], prompt_name=names[0] if names else None)
+assert embedding.shape[0] == 1
+"""
+
+
+def files_to_upload(folder: Path) -> list[Path]:
+    """Files of the folder to publish: everything but pickles, hidden files and caches."""
+    files = []
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if not path.is_file() or any(part.startswith(".") or part == "__pycache__" for part in relative.parts):
+            continue
+        if path.suffix in PICKLE_SUFFIXES:
+            logger.warning("not uploading %s: pickle files are never published", relative)
+            continue
+        files.append(path)
+    return files
+
+
+def validate(folder: Path) -> None:
+    """Load the folder in a fresh process and run a forward pass; ConversionError if it fails."""
+    if not (folder / "config.json").is_file():
+        raise ConversionError(f"{folder} is not a model folder (no config.json)")
+    if not list(folder.glob("*.safetensors")):
+        raise ConversionError(f"{folder} has no *.safetensors weights")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", VALIDATE, str(folder.resolve())], env=env, capture_output=True, text=True, cwd="/"
+    )
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ConversionError(f"{folder} failed validation (load and forward pass in a fresh process): {last}")
+
+
+def refreshed_card(folder: Path, repo_id: str) -> str:
+    """The folder's model card with Hub metadata ensured and usage snippets naming `repo_id`."""
+    from huggingface_hub import ModelCard
+
+    if not (folder / "README.md").is_file():
+        return str(build_card(folder, repo_id))
+    card = ModelCard.load(folder / "README.md")
+    model_type = read_json(folder / "config.json").get("model_type")
+    card.data.library_name = card.data.library_name or "sentence-transformers"
+    card.data.pipeline_tag = card.data.pipeline_tag or "sentence-similarity"
+    tags = list(card.data.tags or [])
+    for tag in ["sentence-transformers", "moe-embed"] + (["mixture-of-experts"] if model_type in ("mote_bert", "moe_bert") else []):
+        if tag not in tags:
+            tags.append(tag)
+    card.data.tags = tags
+    card.text = card.text.replace(f"{PLACEHOLDER_OWNER}/{folder.name}", repo_id)
+    return str(card)
+
+
+def push(args) -> str:
+    """Validate, then upload `args.model_dir` to `args.repo_id` in one commit; returns the commit URL."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    folder = Path(args.model_dir)
+    if not folder.is_dir():
+        raise ConversionError(f"{folder} is not a folder")
+    if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
+        raise ConversionError(f"--repo-id must look like OWNER/NAME, got {args.repo_id!r}")
+    logger.info("validating %s", folder)
+    validate(folder)
+    operations = [
+        CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path))
+        for path in files_to_upload(folder)
+        if path.relative_to(folder).as_posix() != "README.md"
+    ]
+    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=refreshed_card(folder, args.repo_id).encode()))
+    api = HfApi()
+    try:
+        api.create_repo(args.repo_id, private=args.private, exist_ok=True)
+        if args.revision and args.revision != "main":
+            api.create_branch(args.repo_id, branch=args.revision, exist_ok=True)
+        commit = api.create_commit(
+            args.repo_id, operations=operations, commit_message=args.commit_message, revision=args.revision
+        )
+    except Exception as error:  # HTTP and auth errors: report the message, never the token
+        raise ConversionError(f"upload to {args.repo_id} failed: {type(error).__name__}: {str(error).splitlines()[0]}") from None
+    logger.info("uploaded %d files to %s: %s", len(operations), args.repo_id, commit.commit_url)
+    return commit.commit_url
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Validate a model folder and publish it to the Hugging Face Hub (safetensors and code only).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("model_dir", help="model folder written by upcycle.py or merge_experts.py")
+    parser.add_argument("--repo-id", required=True, help="target repository, OWNER/NAME")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    parser.add_argument("--revision", default=None, help="branch to commit to (created if missing; default: main)")
+    parser.add_argument("--commit-message", default="Upload model with moe-embed", help="commit message")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    push(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    run_cli(main)

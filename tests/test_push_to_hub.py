@@ -1,0 +1,115 @@
+"""convert/push_to_hub.py against a stand-in Hub server on 127.0.0.1."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+from hub_server import FakeHub
+
+TOKEN = "hf_secretTestToken0123456789"
+
+
+@pytest.fixture(scope="module")
+def tiny_mote_dir(tmp_path_factory, dense_path):
+    """A small MoTE folder (random 2-layer BERT with the MiniLM tokenizer), quick to upload."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from convert.upcycle import main as upcycle
+
+    root = tmp_path_factory.mktemp("push")
+    source = root / "tiny-bert"
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64)  # fmt: skip
+    BertModel(config).save_pretrained(source)
+    AutoTokenizer.from_pretrained(dense_path).save_pretrained(source)
+    upcycle(["--base", str(source), "--output", str(root / "tiny-mote")])
+    return root / "tiny-mote"
+
+
+def push(folder, hub, *args):
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_TOKEN=TOKEN, HF_HUB_DISABLE_TELEMETRY="1")
+    return subprocess.run(
+        [sys.executable, str(REPO / "convert" / "push_to_hub.py"), str(folder), *args],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def _folder_files(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_push_uploads_exactly_the_folder(tiny_mote_dir, tmp_path):
+    folder = tmp_path / "tiny-mote"
+    shutil.copytree(tiny_mote_dir, folder)
+    (folder / "pytorch_model.bin").write_bytes(b"not a real pickle")
+    before = {p: (folder / p).read_bytes() for p in _folder_files(folder)}
+    with FakeHub() as hub:
+        result = push(folder, hub, "--repo-id", "alice/tiny-mote", "--private", "--commit-message", "first upload")
+    assert result.returncode == 0, result.stderr[-2000:]
+    uploaded = hub.state.files["alice/tiny-mote"]
+    assert set(uploaded) == _folder_files(folder) - {"pytorch_model.bin"}
+    assert {"modeling_mote.py", "modeling_encoder.py", "configuration_mote.py", "st_mote.py"} <= set(uploaded)
+    assert not [p for p in uploaded if p.endswith((".bin", ".pt", ".pkl"))]
+    assert uploaded["model.safetensors"] == before["model.safetensors"]  # went through LFS intact
+    assert hub.state.repos["alice/tiny-mote"]["private"] is True
+    assert [c["summary"] for c in hub.state.commits] == ["first upload"]
+    front_matter = uploaded["README.md"].decode().split("---")[1]
+    metadata = yaml.safe_load(front_matter)
+    assert hub.state.validated_cards == [metadata]  # the server parsed the same metadata
+    assert metadata["pipeline_tag"] == "sentence-similarity" and "mixture-of-experts" in metadata["tags"]
+    assert metadata["library_name"] == "sentence-transformers"
+    assert 'SentenceTransformer("alice/tiny-mote", trust_remote_code=True)' in uploaded["README.md"].decode()
+    # the token was sent to the server, never written out
+    assert any(TOKEN in header for header in hub.state.authorizations)
+    assert TOKEN not in result.stdout + result.stderr
+    assert "not uploading pytorch_model.bin" in result.stderr
+    # the folder itself was not touched
+    assert {p: (folder / p).read_bytes() for p in _folder_files(folder)} == before
+
+
+def test_push_renders_a_card_when_missing_and_uses_a_branch(tiny_mote_dir, tmp_path):
+    folder = tmp_path / "no-card"
+    shutil.copytree(tiny_mote_dir, folder)
+    (folder / "README.md").unlink()
+    with FakeHub() as hub:
+        result = push(folder, hub, "--repo-id", "bob/no-card", "--revision", "v1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "v1" in hub.state.repos["bob/no-card"]["branches"] and hub.state.commits[0]["revision"] == "v1"
+    card = hub.state.files["bob/no-card"]["README.md"].decode()
+    assert card.startswith("---\n") and "bob/no-card" in card and "Mixture of Task Experts" in card
+
+
+def test_folder_failing_validation_is_not_uploaded(tiny_mote_dir, tmp_path):
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_mote_dir, folder)
+    with open(folder / "modeling_mote.py", "a") as handle:
+        handle.write("\nthis is not python\n")
+    with FakeHub() as hub:
+        result = push(folder, hub, "--repo-id", "carol/broken")
+    assert result.returncode == 2
+    assert "failed validation" in result.stderr.strip().splitlines()[-1] and "Traceback" not in result.stderr
+    assert hub.state.requests == [] and hub.state.files == {}
+    assert TOKEN not in result.stdout + result.stderr
+
+
+def test_bad_repo_id_and_missing_weights(tiny_mote_dir, tmp_path, capsys):
+    from convert.checkpoint import run_cli
+    from convert.push_to_hub import main
+
+    def run(*args):
+        with pytest.raises(SystemExit) as exit_:
+            run_cli(main, list(args))
+        return exit_.value.code, capsys.readouterr().err.strip().splitlines()[-1]
+
+    folder = tmp_path / "no-weights"
+    shutil.copytree(tiny_mote_dir, folder)
+    (folder / "model.safetensors").unlink()
+    assert run(str(tiny_mote_dir), "--repo-id", "no-owner") == (2, "error: --repo-id must look like OWNER/NAME, got 'no-owner'")
+    code, message = run(str(folder), "--repo-id", "dave/x")
+    assert code == 2 and message.endswith("has no *.safetensors weights")
