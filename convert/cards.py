@@ -66,12 +66,13 @@ def render_card(folder: Path, repo_id: str, **kwargs) -> None:
     build_card(folder, repo_id, **kwargs).save(str(Path(folder) / "README.md"))
 
 
-def build_card(folder: Path, repo_id: str, base_model: str | None = None, license_id: str | None = None,
-               untrained: bool = False, provenance: str | None = None):
+def build_card(folder: Path, repo_id: str, base_model: str | None = None, base_is_hub_id: bool | None = None,
+               license_id: str | None = None, untrained: bool = False, provenance: str | None = None):
     """The `huggingface_hub.ModelCard` of the model a folder holds.
 
-    `base_model` is the Hub id of the dense model it derives from (a local path is shown but not
-    put in the metadata), `provenance` a sentence on how the folder was made (dense exports).
+    `base_model` names the dense model it derives from; it goes into the metadata and gets a link
+    only when it is a Hub id (`base_is_hub_id`, guessed from its form when `None`). `provenance`
+    is a sentence on how the folder was made (dense exports).
     """
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -81,7 +82,8 @@ def build_card(folder: Path, repo_id: str, base_model: str | None = None, licens
     prompts = st_config.get("prompts") or {}
     model_type = config.get("model_type")
     total, active = parameter_counts(config, weight_shapes(folder))
-    base_is_hub_id = bool(base_model) and not Path(base_model).is_absolute() and "/" in base_model
+    if base_is_hub_id is None:
+        base_is_hub_id = bool(base_model) and not Path(base_model).exists() and "/" in base_model
     kind_tags = {"mote_bert": ["mixture-of-experts", "mote"], "moe_bert": ["mixture-of-experts", "moe"]}
     card_data = ModelCardData(
         library_name="sentence-transformers",

@@ -4,6 +4,7 @@ shape checked, writing complete model folders atomically, and the command-line e
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
@@ -47,6 +48,9 @@ def run_cli(main: Callable[[list[str] | None], None], argv: list[str] | None = N
     except ConversionError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as error:  # unwritable output, full disk, ...: the user's environment, not a bug
+        print(f"error: {error.strerror or error}: {error.filename or ''}".rstrip(": "), file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def bundled_minilm_path() -> str:
@@ -84,6 +88,39 @@ def resolve_source(path_or_id: str | None) -> Path:
             f"{path_or_id!r} is not a local folder and could not be fetched from the Hub "
             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
         ) from None
+
+
+def refuse_overlap(source: Path, output: Path) -> None:
+    """Refuse an output folder that is, contains or lies inside the input: converters never touch their input."""
+    source, output = Path(source).resolve(), Path(output).resolve()
+    if output == source or source in output.parents or output in source.parents:
+        raise ConversionError(f"--output {output} overlaps the input {source}; write somewhere else")
+
+
+def check_shard_size(value: str) -> str:
+    """argparse type for `--max-shard-size` ("2GB", "500MB", or bytes)."""
+    from transformers.utils.hub import convert_file_size_to_int  # what save_pretrained parses it with
+
+    try:
+        convert_file_size_to_int(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected a size such as 2GB or 500MB ({error})") from None
+    return value
+
+
+def load_tokenizer(folder: Path, trust_remote_code: bool = False):
+    """`AutoTokenizer` of a checkpoint folder, with a one-line error when its files are unusable.
+
+    `trust_remote_code=True` for folders of this package's models: transformers reads the model
+    config while loading a tokenizer and would otherwise ask interactively.
+    """
+    from transformers import AutoTokenizer
+
+    tokenizer_files(folder)
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    except Exception as error:  # corrupt or inconsistent tokenizer files
+        raise ConversionError(f"cannot load the tokenizer of {folder}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
 
 
 def read_json(path: Path) -> dict:

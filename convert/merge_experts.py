@@ -31,10 +31,13 @@ from convert.checkpoint import (
     ENCODER_FIELDS,
     ConversionError,
     atomic_output_dir,
+    check_shard_size,
     copy_tokenizer_files,
+    load_tokenizer,
     parse_dtype,
     read_json,
     read_state_dict,
+    refuse_overlap,
     run_cli,
     write_sentence_transformers_files,
 )
@@ -129,8 +132,6 @@ def merge_moe(state: dict, experts: list[int], layer_weights: dict[int, list[flo
 
 def router_usage(folder: Path, calibration: Path, experts: list[int], batch_size: int = 32) -> dict[int, list[float]]:
     """Per MoE layer, the share of routing slots each selected expert receives on the calibration texts."""
-    from transformers import AutoTokenizer
-
     from modeling.modeling_moe import MoeBertModel
 
     try:
@@ -139,7 +140,7 @@ def router_usage(folder: Path, calibration: Path, experts: list[int], batch_size
         raise ConversionError(f"cannot read --calibration {calibration}: {error.strerror}") from None
     if not texts:
         raise ConversionError(f"--calibration {calibration} holds no text (one text per line expected)")
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer = load_tokenizer(folder, trust_remote_code=True)
     model = MoeBertModel.from_pretrained(str(folder), experts_implementation="eager").eval()
     counts = {layer: torch.zeros(model.config.num_local_experts) for layer in model.config.moe_layers}
     with torch.no_grad():
@@ -192,6 +193,7 @@ def merge(args) -> Path:
             f"{folder} holds model_type={model_type!r}; expected a MoTE (mote_bert) or token-routed MoE (moe_bert) folder"
         )
     output = Path(args.output)
+    refuse_overlap(folder, output)
     if output.exists() and not args.overwrite:
         raise ConversionError(f"{output.resolve()} already exists; pass --overwrite to replace it")
     if args.task and args.experts:
@@ -286,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="MoE: text file, one text per line; weight each layer's experts by their router usage on it")
     parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
                         help="dtype of the saved weights (default: that of the input)")
-    parser.add_argument("--max-shard-size", default="2GB", help="safetensors shard size above which weights are split")
+    parser.add_argument("--max-shard-size", default="2GB", type=check_shard_size,
+                        help="safetensors shard size above which weights are split")
     parser.add_argument("--repo-id", default=None, help="Hub id shown in the model card's usage snippets")
     return parser
 

@@ -34,10 +34,12 @@ from convert.checkpoint import (
     encoder_config_kwargs,
     map_state_dict,
     parse_dtype,
+    check_shard_size,
+    load_tokenizer,
     read_dense_checkpoint,
+    refuse_overlap,
     resolve_source,
     run_cli,
-    tokenizer_files,
     write_sentence_transformers_files,
 )
 from modeling.configuration_moe import MoeBertConfig
@@ -244,23 +246,39 @@ def verify_against_dense(model, tokenizer, source: Path, dense_state: dict, prom
 
 
 BUILDERS = {"mote": build_mote, "moe": build_moe}
+ARCH_OPTIONS = {
+    "mote": ("expert_layers", "default_task"),
+    "moe": ("num_experts", "experts_per_token", "moe_layers", "norm_topk_prob", "router_init", "expert_noise",
+            "router_aux_loss_coef", "router_z_loss_coef", "router_jitter_noise", "seed"),
+}  # fmt: skip
+
+
+def refuse_flags_of_other_architectures(args) -> None:
+    """Options of another --arch are an error, not silently ignored."""
+    defaults = vars(build_parser().parse_args([]))
+    for arch, options in ARCH_OPTIONS.items():
+        if arch == args.arch:
+            continue
+        given = [f"--{o.replace('_', '-')}" for o in options if getattr(args, o) != defaults[o]]
+        if given:
+            raise ConversionError(f"{', '.join(given)} only apply to --arch {arch} (this run is --arch {args.arch})")
 DEFAULT_OUTPUTS = {"mote": "models/mote-minilm", "moe": "models/moe-minilm"}
 
 
 def upcycle(args) -> Path:
     """Write the model folder `args` describes; returns its path."""
-    from transformers import AutoTokenizer
-
+    refuse_flags_of_other_architectures(args)
     source = resolve_source(args.base)
+    local_base = args.base is not None and Path(args.base).is_dir()
     base_name = args.base or "sentence-transformers/all-MiniLM-L6-v2"
     output = Path(args.output or DEFAULT_OUTPUTS[args.arch])
     dtype = parse_dtype(args.dtype)
+    refuse_overlap(source, output)
     if output.exists() and not args.overwrite:  # refuse before any work
         raise ConversionError(f"{output.resolve()} already exists; pass --overwrite to replace it")
     logger.info("reading dense checkpoint %s", source)
     dense_config, dense_state = read_dense_checkpoint(source)
-    tokenizer_files(source)
-    tokenizer = AutoTokenizer.from_pretrained(str(source))
+    tokenizer = load_tokenizer(source)
     upcycled = BUILDERS[args.arch](args, dense_config, dense_state, tokenizer)
     if args.no_verify:
         logger.info("skipping the check against the dense model (--no-verify)")
@@ -281,7 +299,7 @@ def upcycle(args) -> Path:
         copy_tokenizer_files(source, tmp)
         write_sentence_transformers_files(source, tmp, upcycled.st_module, upcycled.prompts)
         render_card(tmp, args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}", base_model=base_name,
-                    license_id=source_license(source), untrained=True)
+                    base_is_hub_id=not local_base, license_id=source_license(source), untrained=True)
     logger.info("wrote %s (%s, %s)", output, args.arch, args.dtype)
     return output
 
@@ -325,7 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     moe.add_argument("--seed", type=int, default=0, help="seed for the router init and expert noise")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                         help="dtype of the saved weights")
-    parser.add_argument("--max-shard-size", default="2GB", help="safetensors shard size above which weights are split")
+    parser.add_argument("--max-shard-size", default="2GB", type=check_shard_size,
+                        help="safetensors shard size above which weights are split")
     parser.add_argument("--repo-id", default=None, help="Hub id shown in the model card's usage snippets")
     parser.add_argument("--no-verify", action="store_true",
                         help="skip the check that the upcycled model reproduces the dense model")

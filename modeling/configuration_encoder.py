@@ -5,6 +5,7 @@ public transformers names.
 """
 
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
 
 
 def resolve_layer_indices(spec, num_hidden_layers: int, field_name: str) -> list[int]:
@@ -96,6 +97,8 @@ class EncoderConfig(PreTrainedConfig):
     source_model_type: str | None = None
 
     def __post_init__(self, **kwargs):
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"Unknown hidden_act {self.hidden_act!r}; expected one of {sorted(ACT2FN)}")
         if self.hidden_size % self.num_attention_heads != 0:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "

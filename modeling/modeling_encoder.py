@@ -37,6 +37,11 @@ class EncoderEmbeddings(nn.Module):
         if inputs_embeds is None:
             inputs_embeds = self.word_embeddings(input_ids)
         seq_length = inputs_embeds.shape[1]
+        if position_ids is None and self.position_offset + seq_length > self.position_embeddings.num_embeddings:
+            raise ValueError(
+                f"Input of {seq_length} tokens is longer than the {self.position_embeddings.num_embeddings - self.position_offset} "
+                "positions this model has; truncate it (tokenizer(..., truncation=True))"
+            )
         # Positions are computed, not kept in a buffer: models are built on the meta device by
         # `from_pretrained`, and a computed range cannot be left uninitialised.
         if position_ids is None:

@@ -56,6 +56,8 @@ def load_balancing_loss(router_logits: torch.Tensor, num_experts_per_tok: int) -
     `router_logits` is `(num_tokens, num_experts)` over non-padding tokens only.
     """
     num_experts = router_logits.shape[-1]
+    if router_logits.shape[0] == 0:  # nothing routed (all padding): no imbalance
+        return router_logits.sum() * 0.0
     probs = torch.softmax(router_logits.float(), dim=-1)
     chosen = torch.topk(probs, num_experts_per_tok, dim=-1).indices.reshape(-1)
     fraction = torch.bincount(chosen, minlength=num_experts).float() / chosen.numel()
@@ -64,6 +66,8 @@ def load_balancing_loss(router_logits: torch.Tensor, num_experts_per_tok: int) -
 
 def router_z_loss(router_logits: torch.Tensor) -> torch.Tensor:
     """ST-MoE router z-loss: mean squared log-partition of the router logits (Zoph et al., 2022)."""
+    if router_logits.shape[0] == 0:
+        return router_logits.sum() * 0.0
     return torch.logsumexp(router_logits.float(), dim=-1).square().mean()
 
 
@@ -76,11 +80,13 @@ class MoeBertRouter(nn.Module):
         self.jitter_noise = config.router_jitter_noise
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        hidden_states = hidden_states.float()
-        if self.training and self.jitter_noise > 0:
-            noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
-            hidden_states = hidden_states * noise
-        return nn.functional.linear(hidden_states, self.weight.float())  # (tokens, experts)
+        # fp32 even under autocast (bf16 training), where a plain linear would be recast.
+        with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+            hidden_states = hidden_states.float()
+            if self.training and self.jitter_noise > 0:
+                noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
+                hidden_states = hidden_states * noise
+            return nn.functional.linear(hidden_states, self.weight.float())  # (tokens, experts)
 
 
 @use_experts_implementation(has_gate=False, has_bias=True)
@@ -168,8 +174,9 @@ class MoeBertLayer(EncoderLayer):
         if routing.token_index is None:
             moe_out, router_logits = self.mlp(flat)
         else:  # padding tokens are neither routed nor counted; their FFN output is zero
-            routed, router_logits = self.mlp(flat.index_select(0, routing.token_index))
-            moe_out = torch.zeros_like(flat).index_copy(0, routing.token_index, routed)
+            token_index = routing.token_index.to(flat.device)  # layers may sit on several devices
+            routed, router_logits = self.mlp(flat.index_select(0, token_index))
+            moe_out = torch.zeros_like(flat).index_copy(0, token_index, routed)
         return self.output(moe_out.view(batch, seq, hidden), attention_output), router_logits
 
 
@@ -238,11 +245,13 @@ class MoeBertModel(MoeBertPreTrainedModel):
             output_attentions=output_attentions,
         )
         config = self.config
+        device = last.device  # with a device map, MoE layers may sit on several devices
         aux_loss = config.router_aux_loss_coef * torch.stack(
-            [load_balancing_loss(logits, config.num_experts_per_tok) for logits in router_logits]
+            [load_balancing_loss(logits, config.num_experts_per_tok).to(device) for logits in router_logits]
         ).mean()
         if config.router_z_loss_coef:
-            aux_loss = aux_loss + config.router_z_loss_coef * torch.stack([router_z_loss(l) for l in router_logits]).mean()
+            z_losses = [router_z_loss(logits).to(device) for logits in router_logits]
+            aux_loss = aux_loss + config.router_z_loss_coef * torch.stack(z_losses).mean()
         if output_router_logits is None:
             output_router_logits = config.output_router_logits
         output = MoeBertModelOutput(

@@ -131,7 +131,8 @@ def resolve_task_ids(config: MoteBertConfig, batch_size: int, device, task=None,
         if config.default_task is None:
             rows = unresolved.nonzero().flatten().tolist()
             raise ValueError(
-                f"Cannot tell the task of rows {rows[:10]}{'...' if len(rows) > 10 else ''}: pass `task=` "
+                f"Cannot tell the task of {len(rows)} of {batch_size} rows (rows {rows[:10]}"
+                f"{'...' if len(rows) > 10 else ''} of this batch): pass `task=` "
                 f"(one name or one per row), `task_ids=`, or start the text with a task prefix. "
                 f"{config.describe_tasks()}"
             )
@@ -159,7 +160,14 @@ class MoteBertModel(MoteBertPreTrainedModel):
     ```
     """
 
-    def __init__(self, config: MoteBertConfig):
+    def __init__(self, config: MoteBertConfig, active_tasks: list[str] | None = None):
+        r"""
+        active_tasks (`list[str]`, *optional*): Overrides `config.active_tasks`, so that
+            `from_pretrained(..., active_tasks=[...])` works also when a config object is passed (as
+            Sentence-Transformers does with `model_kwargs`).
+        """
+        if active_tasks is not None:
+            config.active_tasks = list(active_tasks)
         super().__init__(config)
         active = active_expert_indices(config)
         if config.active_tasks is not None:  # `from_pretrained(active_tasks=...)` sets it after validation
@@ -252,6 +260,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
         if order is not None:
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(batch_size, device=order.device)
+            inverse = inverse.to(last.device)  # the last layer may sit on another device (device map)
             last, pooled = _take_rows(last, inverse), _take_rows(pooled, inverse)
             hidden = tuple(h[inverse] for h in hidden) if hidden is not None else None
             attentions = tuple(a[inverse] for a in attentions) if attentions is not None else None

@@ -37,6 +37,11 @@ class MoteTransformer(Transformer):
         its prefix is put in front of the texts. The task itself reaches the model through the
         `task` forward argument (`encode`) or the `task` feature the trainer's collator sets."""
         if task is not None:
+            if not isinstance(task, str):
+                raise ValueError(
+                    f"`task` takes one task name per call, got {type(task).__name__}; encode each task's texts "
+                    "separately (per-row tasks: call the model directly with `task=[...]`)"
+                )
             config = self.auto_model.config
             name = config.tasks[config.task_index(task)]  # ValueError listing valid tasks for an unknown name
             if prompt is None and self.prepend_task_prefix:

@@ -65,3 +65,14 @@ def test_set_active_tasks_drops_or_offloads(trained_dir, tokenizer):
 def test_active_tasks_validation(trained_dir):
     with pytest.raises(ValueError, match="Unknown task 'legal'"):
         MoteBertModel.from_pretrained(trained_dir, active_tasks=["legal"])
+
+
+def test_sentence_transformers_with_one_task(mote_dir):
+    from sentence_transformers import SentenceTransformer
+
+    full = SentenceTransformer(mote_dir, trust_remote_code=True)
+    one = SentenceTransformer(mote_dir, trust_remote_code=True, model_kwargs={"active_tasks": ["query"]})
+    assert sum(p.numel() for p in one.parameters()) < sum(p.numel() for p in full.parameters())
+    assert torch.equal(one.encode_query(TEXTS, convert_to_tensor=True), full.encode_query(TEXTS, convert_to_tensor=True))
+    with pytest.raises(ValueError, match="Task 'document' is not loaded"):
+        one.encode_document(TEXTS)

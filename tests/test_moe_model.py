@@ -205,3 +205,14 @@ def test_sentence_transformers_prompts_and_truncate_dim(moe_dir, dense_path):
     full = st.encode_document(TEXTS, convert_to_tensor=True)
     assert truncated.shape == (len(TEXTS), 128)
     assert torch.allclose(truncated, full[:, :128], atol=1e-6)
+
+
+def test_router_is_fp32_under_autocast_and_all_padding_gives_zero_aux_loss():
+    model = MoeBertModel(tiny_moe_config()).eval()
+    ids, mask = _random_batch()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
+    assert all(logits.dtype == torch.float32 for logits in out.router_logits)
+    with torch.no_grad():
+        empty = model(input_ids=ids, attention_mask=torch.zeros_like(mask))
+    assert empty.aux_loss.item() == 0.0

@@ -72,10 +72,20 @@ def test_hidden_states_come_back_in_input_order():
     model = MoteBertModel(tiny_mote_config()).eval()
     randomize_experts(model)
     input_ids = torch.randint(1000, 2000, (3, 5))
+    tasks = ["clustering", "document", "query"]  # sorting by task is a 3-cycle, not its own inverse
     with torch.no_grad():
-        out = model(input_ids=input_ids, task=["document", "query", "document"], output_hidden_states=True)
+        out = model(input_ids=input_ids, task=tasks, output_hidden_states=True)
+        rows = [model(input_ids=input_ids[i : i + 1], task=t, output_hidden_states=True) for i, t in enumerate(tasks)]
     assert len(out.hidden_states) == model.config.num_hidden_layers + 1
-    assert torch.equal(out.hidden_states[-1], out.last_hidden_state)
+    for layer, hidden in enumerate(out.hidden_states):
+        for i, row in enumerate(rows):
+            assert (hidden[i] - row.hidden_states[layer][0]).abs().max() <= 1e-5, (layer, i)
+
+
+def test_too_long_input_is_a_clear_error():
+    model = MoteBertModel(tiny_mote_config(max_position_embeddings=16)).eval()
+    with pytest.raises(ValueError, match="Input of 20 tokens is longer than the 16 positions"):
+        model(input_ids=torch.randint(1000, 2000, (1, 20)), task="query")
 
 
 def test_routing_sources_and_precedence(tokenizer):
@@ -97,7 +107,7 @@ def test_routing_sources_and_precedence(tokenizer):
 def test_default_task_and_unknown_task_errors(tokenizer):
     batch = tokenizer(["no prefix here", "search_query: who"], padding=True, return_tensors="pt")
     strict = MoteBertModel(tiny_mote_config()).eval()
-    with pytest.raises(ValueError, match=r"Cannot tell the task of rows \[0\].*'query' \(prefix 'search_query: '\)"):
+    with pytest.raises(ValueError, match=r"Cannot tell the task of 1 of 2 rows \(rows \[0\] of this batch\).*'query' \(prefix 'search_query: '\)"):
         strict(**batch)
     with pytest.raises(ValueError, match=r"Unknown task 'reranking'.*Valid tasks: 'query'"):
         strict(**batch, task="reranking")

@@ -96,6 +96,8 @@ def test_task_without_prefix_option(mote_dir):
 
 
 def test_unknown_task_and_missing_task_errors(st_mote):
+    with pytest.raises(ValueError, match="`task` takes one task name per call"):
+        st_mote.encode(TEXTS, task=["query", "document", "query"])
     with pytest.raises(ValueError, match=r"Unknown task 'legal'.*Valid tasks"):
         st_mote.encode(TEXTS, task="legal")
     with pytest.raises(ValueError, match="Cannot tell the task"):

@@ -119,3 +119,19 @@ def test_router_aux_loss_around_matryoshka_adds_aux_once(moe_dir):
     inputs = features()
     aux = torch.stack([model(f)["aux_loss"] for f in inputs]).mean()
     assert torch.allclose(total, plain + aux, atol=1e-5)
+
+
+def test_router_aux_loss_with_hard_negatives(moe_dir):
+    """(anchor, positive, negative) columns: the loss may merge columns; the aux loss still arrives."""
+    from training.losses import RouterAuxLoss
+
+    model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
+    model.eval()
+    loss = RouterAuxLoss(MultipleNegativesRankingLoss(model))
+    features = [model.preprocess(["search_query: cats", "search_query: dogs"]),
+                model.preprocess(["search_document: a cat", "search_document: a dog"]),
+                model.preprocess(["search_document: a car", "search_document: a tree"])]  # fmt: skip
+    total = loss(features, torch.zeros(2))
+    aux = torch.stack([f["aux_loss"] for f in features]).mean()
+    plain = MultipleNegativesRankingLoss(model)([{k: v for k, v in f.items() if k != "aux_loss"} for f in features], None)
+    assert torch.allclose(total, plain + aux, atol=1e-5)

@@ -104,6 +104,11 @@ def _copy_source(dense_path: str, target: Path) -> Path:
         ("pickle", "only pickle weights"),
         ("layers", "expert_layers` holds layer indices [9]"),
         ("task", "task 'legal' needs a prefix"),
+        ("bad-tokenizer", "cannot load the tokenizer of"),
+        ("activation", "Unknown hidden_act 'swishy'"),
+        ("output-is-source", "overlaps the input"),
+        ("output-inside-source", "overlaps the input"),
+        ("other-arch-flag", "--num-experts only apply to --arch moe"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage, message):
@@ -125,6 +130,19 @@ def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage
         args += ["--expert-layers", "1,9"]
     elif breakage == "task":
         args += ["--tasks", "query", "legal"]
+    elif breakage == "bad-tokenizer":
+        (source / "tokenizer.json").write_text("{ not json")
+        (source / "vocab.txt").unlink()
+    elif breakage == "activation":
+        config = read_json(source / "config.json")
+        config["hidden_act"] = "swishy"
+        (source / "config.json").write_text(json.dumps(config))
+    elif breakage == "output-is-source":
+        args = ["--base", str(source), "--output", str(source), "--overwrite"]
+    elif breakage == "output-inside-source":
+        args = ["--base", str(source), "--output", str(source / "sub")]
+    elif breakage == "other-arch-flag":
+        args += ["--num-experts", "4"]
     before = _tree_digest(source)
     code, err = upcycle(capsys, *args)
     assert code == 2, err
@@ -139,6 +157,8 @@ def test_missing_base_folder_and_help(tmp_path, capsys):
     code, err = upcycle(capsys, "--base", str(tmp_path / "nonexistent"), "--output", str(tmp_path / "out"))
     assert code == 2 and "could not be fetched from the Hub" in err.splitlines()[-1]
     assert not (tmp_path / "out").exists()
+    code, err = upcycle(capsys, "--output", str(tmp_path / "out"), "--max-shard-size", "abc")
+    assert code == 2 and "expected a size such as 2GB" in err
     help_text = run_script("convert/upcycle.py", "--help")
     assert help_text.returncode == 0
     for option in ("--base", "--tasks", "--expert-layers", "--output", "--overwrite", "--dtype", "--arch"):
@@ -160,7 +180,7 @@ def test_map_state_dict_fails_loudly():
     assert set(map_state_dict({"a": torch.zeros(2)}, shapes, same, new_tensors={"b": torch.ones(3)})) == {"a", "b"}
 
 
-def test_roberta_checkpoint_upcycles_to_its_own_function(dense_path, tmp_path, capsys):
+def test_roberta_checkpoint_upcycles_to_its_own_function(dense_path, tmp_path, capsys, monkeypatch):
     """A RoBERTa-family source (positions offset by padding_idx + 1, one token type) maps too."""
     from transformers import AutoTokenizer, RobertaConfig, RobertaModel
 
@@ -175,8 +195,11 @@ def test_roberta_checkpoint_upcycles_to_its_own_function(dense_path, tmp_path, c
     tokenizer = AutoTokenizer.from_pretrained(dense_path)
     tokenizer.save_pretrained(source)
     out = tmp_path / "mote-roberta"
-    code, err = upcycle(capsys, "--base", str(source), "--output", str(out), "--expert-layers", "all")
+    monkeypatch.chdir(tmp_path)  # a relative local --base is a folder, not a Hub id
+    code, err = upcycle(capsys, "--base", "roberta", "--output", str(out), "--expert-layers", "all")
     assert code == 0, err
+    card = (out / "README.md").read_text()
+    assert "base_model:" not in card.split("---")[1] and "huggingface.co/roberta" not in card
     assert read_json(out / "config.json")["position_offset"] == 1
     mote = MoteBertModel.from_pretrained(out).eval()
     batch = tokenizer(["clustering: a b c", "search_query: d"], padding=True, return_tensors="pt")

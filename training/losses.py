@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from sentence_transformers.base.losses.merged_forward import column_merging_disabled
 from torch import nn
 
 
@@ -30,7 +31,10 @@ class RouterAuxLoss(nn.Module):
         self.model = loss.model
 
     def forward(self, sentence_features: list[dict], labels: torch.Tensor | None = None) -> torch.Tensor:
-        value = self.loss(sentence_features, labels)
+        # Losses may merge columns (e.g. positives and hard negatives) into fresh dicts, where the
+        # aux loss would be written out of our sight; keep them embedding the dicts we hold.
+        with column_merging_disabled():
+            value = self.loss(sentence_features, labels)
         aux = [features["aux_loss"] for features in sentence_features if "aux_loss" in features]
         if len(aux) != len(sentence_features):
             raise ValueError(
