@@ -147,6 +147,41 @@ def run_isolated(code: str, *args: str, timeout: int = 300) -> str:
     return result.stdout
 
 
+def run_main(main, *args: str, capsys) -> tuple[int, str]:
+    """Run a converter's `main` in this process (fast) as its command line would; (exit code, stderr)."""
+    from convert.checkpoint import run_cli
+
+    try:
+        run_cli(main, list(args))
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
+def run_repo_script(relative_path: str, *args: str, capsys) -> str:
+    """Run a repository script (`examples/x.py`, `benchmarks/y.py`) in this process; its stdout."""
+    import runpy
+
+    argv = sys.argv
+    sys.argv = [relative_path, *args]
+    try:
+        runpy.run_path(str(REPO / relative_path), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return capsys.readouterr().out
+
+
+def save_trained_copy(folder: str, target: Path, seed: int):
+    """Save a copy of a model folder whose experts were perturbed (as by training); its model."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(folder, trust_remote_code=True)
+    randomize_experts(model[0].auto_model, seed=seed)
+    model.save(str(target))
+    return model[0].auto_model
+
+
 def run_script(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     """Run a repository script (`convert/upcycle.py`, `examples/x.py`) as a user would."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -1,9 +1,8 @@
 """The benchmark scripts run (no timing asserted) and the MoE FLOP bound matches a hand count."""
 
-import runpy
 import sys
 
-from conftest import REPO, tiny_moe_config
+from conftest import REPO, run_repo_script, tiny_moe_config
 
 
 def test_flop_bound_for_minilm_shapes():
@@ -20,20 +19,10 @@ def test_flop_bound_for_minilm_shapes():
     assert 0.74 < expected < 0.76  # "about 0.75x the dense throughput" for top-2 in half the layers
 
 
-def _run(script, *args, capsys):
-    argv = sys.argv
-    sys.argv = [script, *args]
-    try:
-        runpy.run_path(str(REPO / "benchmarks" / script), run_name="__main__")
-    finally:
-        sys.argv = argv
-    return capsys.readouterr().out
-
-
 def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
     quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
-    mote = _run("bench_mote.py", *quick, "--model", mote_dir, capsys=capsys)
+    mote = run_repo_script("benchmarks/bench_mote.py", *quick, "--model", mote_dir, capsys=capsys)
     assert mote.strip().splitlines()[-1].startswith("| 2 | 16 |")
-    moe = _run("bench_moe.py", *quick, "--model", moe_dir, capsys=capsys)
+    moe = run_repo_script("benchmarks/bench_moe.py", *quick, "--model", moe_dir, capsys=capsys)
     row = moe.strip().splitlines()[-1]
     assert row.startswith("| 2 | 16 |") and row.count("|") == 9

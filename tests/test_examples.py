@@ -1,20 +1,10 @@
 """Every example runs offline against an upcycled model and prints what it promises."""
 
-import runpy
-import sys
-
-import pytest
-from conftest import REPO
+from conftest import run_repo_script
 
 
 def run_example(name: str, *args: str, capsys) -> str:
-    argv = sys.argv
-    sys.argv = [name, *args]
-    try:
-        runpy.run_path(str(REPO / "examples" / name), run_name="__main__")
-    finally:
-        sys.argv = argv
-    return capsys.readouterr().out
+    return run_repo_script(f"examples/{name}", *args, capsys=capsys)
 
 
 def test_quickstart(mote_dir, capsys):

@@ -4,11 +4,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TEXTS, randomize_experts, read_json, run_isolated
+from conftest import TEXTS, read_json, run_isolated, run_main, save_trained_copy
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 
-from convert.checkpoint import run_cli
 from convert.merge_experts import main as merge_main
 
 PLAIN_LOAD = """
@@ -24,12 +23,7 @@ print(json.dumps({"default": st.encode(texts).tolist(), "prompts": st.prompts, "
 
 
 def merge(capsys, *args) -> tuple[int, str]:
-    try:
-        run_cli(merge_main, list(args))
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
+    return run_main(merge_main, *args, capsys=capsys)
 
 
 def _dense_weights(dense_path):
@@ -53,14 +47,8 @@ def test_expert_averaging_of_untrained_mote_is_the_dense_model(mote_dir, dense_p
 
 
 def test_expert_averaging_of_trained_experts_is_the_hand_average(mote_dir, tmp_path, capsys):
-    from modeling.modeling_mote import MoteBertModel
-
-    model = MoteBertModel.from_pretrained(mote_dir)
-    randomize_experts(model, seed=7)
     trained = tmp_path / "trained"
-    st = SentenceTransformer(mote_dir, trust_remote_code=True)
-    st[0].auto_model.load_state_dict(model.state_dict())
-    st.save(str(trained))
+    model = save_trained_copy(mote_dir, trained, seed=7)
     out = tmp_path / "ea"
     code, err = merge(capsys, str(trained), "--output", str(out), "--experts", "clustering,passage", "--weights", "3,1")
     assert code == 0, err
@@ -80,10 +68,9 @@ def test_expert_averaging_of_trained_experts_is_the_hand_average(mote_dir, tmp_p
 def test_task_export_equals_mote_routed_to_that_task_without_remote_code(mote_dir, tmp_path, capsys):
     import json
 
-    st = SentenceTransformer(mote_dir, trust_remote_code=True)
-    randomize_experts(st[0].auto_model, seed=11)
     trained = tmp_path / "trained"
-    st.save(str(trained))
+    save_trained_copy(mote_dir, trained, seed=11)
+    st = SentenceTransformer(str(trained), trust_remote_code=True)
     out = tmp_path / "clustering"
     code, err = merge(capsys, str(trained), "--task", "clustering", "--output", str(out))
     assert code == 0, err
@@ -104,14 +91,8 @@ def test_moe_expert_averaging(moe_dir, dense_path, tmp_path, capsys):
     assert merged.keys() == dense.keys() and all(torch.equal(merged[k], dense[k]) for k in dense)
 
     # router-usage weights on a calibration text, with a subset of experts
-    from modeling.modeling_moe import MoeBertModel
-
-    model = MoeBertModel.from_pretrained(moe_dir)
-    randomize_experts(model, seed=2)
     trained = tmp_path / "trained"
-    st = SentenceTransformer(moe_dir, trust_remote_code=True)
-    st[0].auto_model.load_state_dict(model.state_dict())
-    st.save(str(trained))
+    model = save_trained_copy(moe_dir, trained, seed=2)
     texts = tmp_path / "calibration.txt"
     texts.write_text("\n".join(TEXTS * 3) + "\n")
     out = tmp_path / "moe-usage"

@@ -7,21 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_json, run_script
+from conftest import read_json, run_main, run_script
 from safetensors.torch import load_file, save_file
 
-from convert.checkpoint import ConversionError, map_state_dict, run_cli
+from convert.checkpoint import ConversionError, map_state_dict
 from convert.upcycle import main as upcycle_main
 
 
 def upcycle(capsys, *args) -> tuple[int, str]:
-    """Run the converter in this process (fast); returns (exit code, stderr)."""
-    try:
-        run_cli(upcycle_main, list(args))
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
+    return run_main(upcycle_main, *args, capsys=capsys)
 
 
 def _tree_digest(folder: Path) -> str:
