@@ -1,0 +1,1 @@
+"""Local MTEB-style evaluation over ../shared/data."""

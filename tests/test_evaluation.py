@@ -1,0 +1,125 @@
+"""The local evaluation suite: each task type's score against an independent computation on tiny
+fixtures in the layout of ../shared/data, and the CLI's errors."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+from sentence_transformers import SentenceTransformer
+from sklearn.metrics import average_precision_score
+
+from evaluation import data as D
+from evaluation.metrics import classification_accuracy, clustering_v_measure, ndcg_at_k, undersample
+from evaluation.run import TASKS, evaluate
+from evaluation.run import main as run_main
+
+SENTENCES = [
+    ("A man is playing a guitar.", "A person plays an instrument.", 4.2),
+    ("A dog runs in the park.", "A cat sleeps on the sofa.", 0.8),
+    ("The stock market fell today.", "Shares dropped sharply.", 4.5),
+    ("She is cooking pasta.", "A woman prepares food.", 3.9),
+    ("The sky is blue.", "Quantum computers use qubits.", 0.1),
+    ("Children play football.", "Kids are playing soccer.", 4.8),
+]
+
+
+def _write_tsv(path: Path, header: list[str], rows: list[list]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\t".join(header) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    _write_tsv(root / "sts/stsb/test.tsv", ["score", "sentence1", "sentence2"], [[s, a, b] for a, b, s in SENTENCES])
+    _write_tsv(root / "pair_classification/twitter_url_corpus/test.tsv", ["sentence1", "sentence2", "label"],
+               [[a, b, int(s > 2.5)] for a, b, s in SENTENCES] + [["x", "y", ""]])  # fmt: skip
+    docs = {"d1": ("Guitars", "A guitar is a string instrument."), "d2": ("Dogs", "Dogs are loyal pets."),
+            "d3": ("Markets", "Stock markets trade shares."), "d4": ("Pasta", "Pasta is an Italian food.")}  # fmt: skip
+    (root / "retrieval/scifact/qrels").mkdir(parents=True)
+    (root / "retrieval/scifact/corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": k, "title": t, "text": x}) + "\n" for k, (t, x) in docs.items()))
+    (root / "retrieval/scifact/queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in [("q1", "string instruments"), ("q2", "italian cooking"), ("q3", "unjudged")]))
+    _write_tsv(root / "retrieval/scifact/qrels/test.tsv", ["query-id", "corpus-id", "score"], [["q1", "d1", 1], ["q2", "d4", 1], ["q2", "d2", 1]])
+    texts = [("I lost my card", "card"), ("my card was stolen", "card"), ("card missing", "card"), ("where is my card", "card"),
+             ("transfer money abroad", "transfer"), ("send money to a friend", "transfer"), ("wire funds", "transfer"), ("move money", "transfer")]  # fmt: skip
+    _write_tsv(root / "classification/banking77/train.tsv", ["text", "label"], [list(t) for t in texts])
+    _write_tsv(root / "classification/banking77/test.tsv", ["text", "label"], [list(t) for t in texts[::2]])
+    return root
+
+
+@pytest.fixture(scope="module")
+def minilm(dense_path):
+    return SentenceTransformer(dense_path)
+
+
+def test_sts_and_pair_classification_match_direct_computation(minilm, data_root):
+    a = minilm.encode([s[0] for s in SENTENCES], convert_to_tensor=True)
+    b = minilm.encode([s[1] for s in SENTENCES], convert_to_tensor=True)
+    cosine = (a * b).sum(-1).numpy() / (np.linalg.norm(a.numpy(), axis=1) * np.linalg.norm(b.numpy(), axis=1))
+    expected_sts = 100 * spearmanr([s[2] for s in SENTENCES], cosine).statistic
+    assert evaluate(minilm, TASKS["STSBenchmark"], data_root) == pytest.approx(expected_sts, abs=1e-6)
+    labels = [int(s[2] > 2.5) for s in SENTENCES]
+    # all-MiniLM-L6-v2 normalises, so cosine and dot give the same AP; max over functions >= cosine AP
+    pair = evaluate(minilm, TASKS["TwitterURLCorpus"], data_root)
+    assert pair >= 100 * average_precision_score(labels, cosine) - 1e-6
+
+
+def test_retrieval_matches_hand_ndcg(minilm, data_root):
+    data = D.beir(data_root / "retrieval/scifact")
+    assert set(data.queries) == {"q1", "q2"}  # queries without judgements are dropped, as in BEIR
+    ids = list(data.corpus)
+    docs = minilm.encode([data.corpus[i] for i in ids])
+    scores = []
+    for qid, text in data.queries.items():
+        sims = docs @ minilm.encode(text)
+        ranked = [ids[i] for i in np.argsort(-sims)]
+        scores.append(ndcg_at_k(ranked, data.relevant[qid], 10))
+    assert evaluate(minilm, TASKS["SciFact"], data_root) == pytest.approx(100 * np.mean(scores), abs=1e-4)
+
+
+def test_ndcg_hand_example():
+    # relevant at ranks 1 and 3 of 2 relevant: (1 + 1/log2(4)) / (1 + 1/log2(3))
+    assert ndcg_at_k(["a", "x", "b"], {"a", "b"}, 10) == pytest.approx((1 + 0.5) / (1 + 1 / np.log2(3)))
+    assert ndcg_at_k(["x", "y"], {"a"}, 10) == 0.0
+
+
+def test_classification_and_clustering_protocols():
+    rng = np.random.default_rng(0)
+    labels = ["a"] * 30 + ["b"] * 30 + ["c"] * 30
+    centres = {"a": [5, 0], "b": [0, 5], "c": [-5, -5]}
+    points = np.array([centres[label] for label in labels]) + rng.normal(0, 0.3, (90, 2))
+    index = undersample(labels, 4, np.random.default_rng(1))
+    assert sorted(np.array(labels)[index].tolist()) == ["a"] * 4 + ["b"] * 4 + ["c"] * 4
+    assert classification_accuracy(points, labels, points, labels, samples_per_label=4) == 1.0
+    shuffled = list(rng.permutation(labels))
+    assert classification_accuracy(points, shuffled, points, labels, samples_per_label=8) < 0.7
+    assert clustering_v_measure(points, labels) == pytest.approx(1.0)
+    assert clustering_v_measure(rng.normal(size=(90, 2)), labels) < 0.2
+
+
+def test_cli_writes_results_and_refuses_bad_input(dense_path, data_root, tmp_path, capsys):
+    out = tmp_path / "results.json"
+    run_main([dense_path, "--tasks", "STSBenchmark,Banking77Classification", "--data-dir", str(data_root), "--output", str(out)])
+    results = json.loads(out.read_text())
+    assert set(results) == {"STSBenchmark", "Banking77Classification"}
+    assert results["STSBenchmark"]["metric"] == "cosine_spearman" and 0 <= results["Banking77Classification"]["main_score"] <= 100
+    assert "| STSBenchmark | sts | cosine_spearman |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        run_main([dense_path, "--tasks", "STSBenchmark,NoSuchTask", "--data-dir", str(data_root)])
+    assert exit_.value.code == 2 and "unknown tasks ['NoSuchTask']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        run_main([dense_path, "--tasks", "SICK-R", "--data-dir", str(data_root)])
+    assert exit_.value.code == 2 and "missing data file" in capsys.readouterr().err
+
+
+def test_prompts_follow_the_task_type(mote_dir):
+    from evaluation.run import prompt_for
+
+    model = SentenceTransformer(mote_dir, trust_remote_code=True)
+    assert prompt_for(model, "retrieval", "query") == "search_query: "
+    assert prompt_for(model, "retrieval", "document") == "search_document: "
+    assert prompt_for(model, "sts") == "classification: " and prompt_for(model, "clustering") == "clustering: "
