@@ -9,6 +9,8 @@ from datasets import DatasetDict
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from sentence_transformers.losses import MultipleNegativesRankingLoss
 
+from training.sampler import TaskAwareBatchSampler
+
 
 
 def _datasets():
@@ -45,7 +47,7 @@ def test_trainer_updates_only_experts_of_seen_tasks(mote_dir, tmp_path, routing)
     args = SentenceTransformerTrainingArguments(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3,
         weight_decay=0.0, warmup_steps=0, logging_steps=100, save_strategy="no", report_to="none", seed=0,
-        dataloader_drop_last=True, **extra,
+        dataloader_drop_last=True, multi_dataset_batch_sampler=TaskAwareBatchSampler, **extra,
     )  # fmt: skip
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=_datasets(), loss=MultipleNegativesRankingLoss(model)
