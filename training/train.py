@@ -1,0 +1,177 @@
+"""Task-aware contrastive learning (TA-CL) with SentenceTransformerTrainer, from a YAML config.
+
+    python -m training.train --config training/configs/example.yaml
+
+Config (see `training/configs/example.yaml`):
+
+    model: models/mote-minilm        # folder or Hub id; MoTE, token-routed MoE or dense
+    trust_remote_code: true
+    output_dir: models/mote-tacl
+    seed: 0
+    batch_size: 32
+    max_steps: 100                   # or epochs: 1
+    learning_rate: 2.0e-5
+    save_steps: 50                   # checkpoints in output_dir/checkpoint-N (0: none)
+    tasks:
+      retrieval:                     # a task type from training/tasks.py
+        - {name: snli, path: data/snli.jsonl}
+      clustering:
+        - {name: pairs, path: data/pairs.jsonl}
+
+Each dataset is JSONL with `anchor`, `positive` and optionally `negative`. Retrieval datasets are
+separate entries (homogeneous batches); the datasets of a classification or clustering task are
+concatenated into one entry (heterogeneous batches). Each entry gets
+`MultipleNegativesRankingLoss(scale=1/τ)` with its task type's τ and its task type's prompts,
+which route MoTE's experts; a token-routed MoE's load-balancing loss is added. Batches are drawn
+with `TaskAwareBatchSampler`, so all data-parallel ranks train on one entry per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from training.tasks import column_prompts, task_type
+
+logger = logging.getLogger("training")
+
+REQUIRED_COLUMNS = ("anchor", "positive")
+OPTIONAL_COLUMNS = ("negative",)
+
+
+class ConfigError(Exception):
+    """A bad training config or dataset; reported as one line with exit code 2."""
+
+
+def load_config(path: Path) -> dict:
+    """The YAML config, checked for the keys training needs."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(config, dict) or not config.get("model") or not config.get("tasks"):
+        raise ConfigError(f"{path} must define `model` and `tasks` (task type -> list of datasets)")
+    for name in config["tasks"]:
+        try:
+            task_type(name)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+    return config
+
+
+def load_dataset(spec: dict, base: Path):
+    """One JSONL dataset as a `datasets.Dataset` with anchor/positive[/negative] columns."""
+    from datasets import Dataset
+
+    if not isinstance(spec, dict) or "path" not in spec:
+        raise ConfigError(f"each dataset needs a `path` (and a `name`), got {spec!r}")
+    path = (base / spec["path"]).resolve() if not Path(spec["path"]).is_absolute() else Path(spec["path"])
+    if not path.is_file():
+        raise ConfigError(f"dataset file {path} not found")
+    import json
+
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise ConfigError(f"{path}:{number} is not valid JSON") from None
+    if not rows:
+        raise ConfigError(f"dataset {path} is empty")
+    missing = [c for c in REQUIRED_COLUMNS if c not in rows[0]]
+    if missing:
+        raise ConfigError(f"dataset {path} lacks columns {missing}; expected {list(REQUIRED_COLUMNS)} (+ optional 'negative')")
+    columns = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in rows[0]]
+    if any(any(c not in row for c in columns) for row in rows):
+        raise ConfigError(f"dataset {path}: every row needs the columns {columns}")
+    return Dataset.from_dict({c: [row[c] for row in rows] for c in columns})
+
+
+def build_entries(config: dict, base: Path, model) -> tuple[dict, dict, dict]:
+    """(datasets, losses, prompts) per trainer entry, following the task registry."""
+    from datasets import concatenate_datasets
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+
+    from training.losses import RouterAuxLoss
+
+    datasets, losses, prompts = {}, {}, {}
+    is_moe = getattr(model[0].auto_model.config, "model_type", None) == "moe_bert"
+    for task, specs in config["tasks"].items():
+        kind = task_type(task)
+        loaded = [(spec.get("name") or Path(spec["path"]).stem, load_dataset(spec, base)) for spec in specs or []]
+        if not loaded:
+            raise ConfigError(f"task {task!r} lists no datasets")
+        if kind.batching == "homogeneous":
+            groups = {f"{task}/{name}": data for name, data in loaded}
+        else:
+            columns = set.intersection(*(set(d.column_names) for _, d in loaded))
+            groups = {task: concatenate_datasets([d.select_columns(sorted(columns)) for _, d in loaded]).shuffle(seed=config.get("seed", 0))}
+        for entry, data in groups.items():
+            datasets[entry] = data.select_columns([c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in data.column_names])
+            loss = MultipleNegativesRankingLoss(model, scale=1.0 / kind.temperature)
+            losses[entry] = RouterAuxLoss(loss) if is_moe else loss
+            prompts[entry] = column_prompts(kind, datasets[entry].column_names, model.prompts or {})
+    return datasets, losses, prompts
+
+
+def train(config: dict, base: Path):
+    """Run TA-CL for `config`; returns the trained SentenceTransformer (also saved to output_dir)."""
+    from datasets import DatasetDict
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+
+    from training.sampler import TaskAwareBatchSampler
+
+    model = SentenceTransformer(config["model"], trust_remote_code=bool(config.get("trust_remote_code")))
+    datasets, losses, prompts = build_entries(config, base, model)
+    output_dir = str((base / config.get("output_dir", "models/tacl")).resolve())
+    save_steps = int(config.get("save_steps", 0))
+    args = SentenceTransformerTrainingArguments(
+        output_dir=output_dir,
+        per_device_train_batch_size=int(config.get("batch_size", 32)),
+        max_steps=int(config.get("max_steps", -1)),
+        num_train_epochs=float(config.get("epochs", 1)),
+        learning_rate=float(config.get("learning_rate", 2e-5)),
+        warmup_steps=int(config.get("warmup_steps", 0)),
+        seed=int(config.get("seed", 0)),
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        logging_steps=int(config.get("logging_steps", 10)),
+        report_to="none",
+        dataloader_drop_last=True,
+        prompts=prompts,
+        multi_dataset_batch_sampler=TaskAwareBatchSampler,
+    )
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=DatasetDict(datasets), loss=losses)
+    trainer.train()
+    model.save(output_dir)
+    logger.info("saved the trained model to %s", output_dir)
+    return model
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="YAML training config")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config = load_config(Path(args.config))
+        train(config, Path.cwd())
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()
