@@ -155,8 +155,9 @@ def train(config: dict, base: Path):
     )
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=DatasetDict(datasets), loss=losses)
     trainer.train()
-    model.save(output_dir)
-    logger.info("saved the trained model to %s", output_dir)
+    if trainer.is_world_process_zero():  # under torchrun / accelerate launch, one process writes
+        model.save(output_dir)
+        logger.info("saved the trained model to %s", output_dir)
     return model
 
 
