@@ -12,6 +12,7 @@ Config (see `training/configs/example.yaml`):
     max_steps: 100                   # or epochs: 1
     learning_rate: 2.0e-5
     save_steps: 50                   # checkpoints in output_dir/checkpoint-N (0: none)
+    ddp_backend: gloo                # data-parallel backend (default: gloo without a GPU)
     tasks:
       retrieval:                     # a task type from training/tasks.py
         - {name: snli, path: data/snli.jsonl}
@@ -128,6 +129,7 @@ def build_entries(config: dict, base: Path, model) -> tuple[dict, dict, dict]:
 
 def train(config: dict, base: Path):
     """Run TA-CL for `config`; returns the trained SentenceTransformer (also saved to output_dir)."""
+    import torch
     from datasets import DatasetDict
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
@@ -152,6 +154,8 @@ def train(config: dict, base: Path):
         dataloader_drop_last=True,
         prompts=prompts,
         multi_dataset_batch_sampler=TaskAwareBatchSampler,
+        # without a GPU, transformers only forms a data-parallel group when told the backend
+        ddp_backend=config.get("ddp_backend") or (None if torch.cuda.is_available() else "gloo"),
     )
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=DatasetDict(datasets), loss=losses)
     trainer.train()
