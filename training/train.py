@@ -12,7 +12,7 @@ Config (see `training/configs/example.yaml`):
     max_steps: 100                   # or epochs: 1
     learning_rate: 2.0e-5
     save_steps: 50                   # checkpoints in output_dir/checkpoint-N (0: none)
-    ddp_backend: gloo                # data-parallel backend (default: gloo without a GPU)
+    ddp_backend: gloo                # data-parallel backend (default: gloo when launched on CPU)
     tasks:
       retrieval:                     # a task type from training/tasks.py
         - {name: snli, path: data/snli.jsonl}
@@ -133,7 +133,7 @@ def train(config: dict, base: Path):
     from datasets import DatasetDict
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 
-    from training.sampler import TaskAwareBatchSampler
+    from training.sampler import TaskAwareBatchSampler, data_parallel_world_size
 
     model = SentenceTransformer(config["model"], trust_remote_code=bool(config.get("trust_remote_code")))
     datasets, losses, prompts = build_entries(config, base, model)
@@ -154,8 +154,9 @@ def train(config: dict, base: Path):
         dataloader_drop_last=True,
         prompts=prompts,
         multi_dataset_batch_sampler=TaskAwareBatchSampler,
-        # without a GPU, transformers only forms a data-parallel group when told the backend
-        ddp_backend=config.get("ddp_backend") or (None if torch.cuda.is_available() else "gloo"),
+        # launched with several processes but no GPU, transformers forms the group only when told the backend
+        ddp_backend=config.get("ddp_backend")
+        or ("gloo" if data_parallel_world_size() > 1 and not torch.cuda.is_available() else None),
     )
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=DatasetDict(datasets), loss=losses)
     trainer.train()
