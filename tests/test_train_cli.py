@@ -72,3 +72,46 @@ def test_bad_configs_exit_2(workdir, mote_dir, capsys, change, message):
 def test_missing_config_file(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+DISTRIBUTED_RUN = """
+import os, sys
+from pathlib import Path
+from sentence_transformers import SentenceTransformerTrainer
+from training.train import load_config, train
+
+record = Path(sys.argv[2])
+
+class RecordingTrainer(SentenceTransformerTrainer):
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        with open(record / f"rank{os.environ['RANK']}.txt", "a") as handle:
+            handle.write(f"{self.state.global_step} {inputs.get('dataset_name')}\\n")
+        return super().compute_loss(model, inputs, *args, **kwargs)
+
+train(load_config(Path(sys.argv[1])), Path.cwd(), trainer_cls=RecordingTrainer)
+"""
+
+
+def test_two_processes_train_on_the_same_entry_at_every_step(workdir, mote_dir):
+    """torchrun with 2 CPU processes (gloo): at every step both ranks draw from the same entry."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    config = _config(workdir, mote_dir, batch_size=2, max_steps=4, output_dir="ddp-out")
+    (workdir / "run.py").write_text(DISTRIBUTED_RUN)
+    (workdir / "record").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+         str(workdir / "run.py"), str(config), str(workdir / "record")],
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [(workdir / "record" / f"rank{r}.txt").read_text().split("\n")[:-1] for r in (0, 1)]
+    assert len(ranks[0]) == len(ranks[1]) == 4
+    assert ranks[0] == ranks[1]  # same step numbers, same entry on both ranks
+    assert {line.split(" ", 1)[1] for line in ranks[0]} == {"retrieval/ret", "clustering"}
+    assert (workdir / "ddp-out" / "model.safetensors").exists()

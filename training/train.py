@@ -127,8 +127,11 @@ def build_entries(config: dict, base: Path, model) -> tuple[dict, dict, dict]:
     return datasets, losses, prompts
 
 
-def train(config: dict, base: Path):
-    """Run TA-CL for `config`; returns the trained SentenceTransformer (also saved to output_dir)."""
+def train(config: dict, base: Path, trainer_cls=None):
+    """Run TA-CL for `config`; returns the trained SentenceTransformer (also saved to output_dir).
+
+    `trainer_cls` replaces `SentenceTransformerTrainer` (a subclass, e.g. to add callbacks or logging).
+    """
     import torch
     from datasets import DatasetDict
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
@@ -158,7 +161,8 @@ def train(config: dict, base: Path):
         ddp_backend=config.get("ddp_backend")
         or ("gloo" if data_parallel_world_size() > 1 and not torch.cuda.is_available() else None),
     )
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=DatasetDict(datasets), loss=losses)
+    trainer_cls = trainer_cls or SentenceTransformerTrainer
+    trainer = trainer_cls(model=model, args=args, train_dataset=DatasetDict(datasets), loss=losses)
     trainer.train()
     if trainer.is_world_process_zero():  # under torchrun / accelerate launch, one process writes
         model.save(output_dir)
