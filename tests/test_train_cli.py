@@ -58,7 +58,7 @@ def test_cli_trains_and_saves(workdir, mote_dir):
     [
         ({"tasks": {"reranking": [{"path": "ret.jsonl"}]}}, "unknown task type 'reranking'"),
         ({"tasks": {"retrieval": [{"path": "missing.jsonl"}]}}, "missing.jsonl not found"),
-        ({"tasks": {"retrieval": [{"path": "bad.jsonl"}]}}, "lacks columns ['positive']"),
+        ({"tasks": {"retrieval": [{"path": "bad.jsonl"}]}}, "lacks `anchor` or `positive`"),
         ({"model": None}, "must define `model` and `tasks`"),
     ],
 )

@@ -73,27 +73,15 @@ def load_dataset(spec: dict, base: Path):
     """One JSONL dataset as a `datasets.Dataset` with anchor/positive[/negative] columns."""
     from datasets import Dataset
 
+    from training.data_tools import DataToolError, read_pairs
+
     if not isinstance(spec, dict) or "path" not in spec:
         raise ConfigError(f"each dataset needs a `path` (and a `name`), got {spec!r}")
-    path = (base / spec["path"]).resolve() if not Path(spec["path"]).is_absolute() else Path(spec["path"])
-    if not path.is_file():
-        raise ConfigError(f"dataset file {path} not found")
-    import json
-
-    rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise ConfigError(f"{path}:{number} is not valid JSON") from None
-    if not rows:
-        raise ConfigError(f"dataset {path} is empty")
-    missing = [c for c in REQUIRED_COLUMNS if c not in rows[0]]
-    if missing:
-        raise ConfigError(f"dataset {path} lacks columns {missing}; expected {list(REQUIRED_COLUMNS)} (+ optional 'negative')")
+    path = Path(spec["path"]) if Path(spec["path"]).is_absolute() else (base / spec["path"]).resolve()
+    try:
+        rows = read_pairs(path)
+    except DataToolError as error:
+        raise ConfigError(str(error)) from None
     columns = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in rows[0]]
     if any(any(c not in row for c in columns) for row in rows):
         raise ConfigError(f"dataset {path}: every row needs the columns {columns}")
