@@ -49,7 +49,6 @@ from modeling.modeling_mote import MoteBertModel
 
 logger = logging.getLogger("upcycle")
 
-ENCODER_FILES = ["configuration_encoder.py", "modeling_encoder.py"]
 # Dense keys of layer N that become expert keys in a MoTE layer (expert = these four modules).
 _MOTE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.(attention\.output\.LayerNorm|intermediate|output)\.(.+)$")
 # Dense feed-forward projections of layer N that become stacked experts in a token-routed MoE layer.
@@ -63,8 +62,7 @@ class Upcycled:
     """An upcycled model (fp32, eval mode) and what its folder needs besides the weights."""
 
     model: torch.nn.Module
-    files: list[str]  # files of modeling/ shipped at the folder root
-    st_module: str  # "file.Class" of the Sentence-Transformers input module
+    st_module: str  # "file.Class" of the Sentence-Transformers input module, a file of modeling/
     prompts: dict[str, str]
     exact: bool = True  # whether the untrained model must reproduce the dense model
 
@@ -181,7 +179,6 @@ def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycl
     model = fill_model(MoteBertModel, config, dense_state, mote_rename(set(config.expert_layers), config.num_tasks))
     return Upcycled(
         model=model,
-        files=ENCODER_FILES + ["configuration_mote.py", "modeling_mote.py", "st_mote.py"],
         st_module="st_mote.MoteTransformer",
         prompts=with_passage(tasks),
     )
@@ -209,7 +206,6 @@ def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycle
     model = fill_model(MoeBertModel, config, dense_state, rename, new_tensors=routers)
     return Upcycled(
         model=model,
-        files=ENCODER_FILES + ["configuration_moe.py", "modeling_moe.py", "st_moe.py"],
         st_module="st_moe.MoeTransformer",
         prompts=with_passage(parse_tasks(args.tasks)),
         exact=config.norm_topk_prob and args.expert_noise == 0,
@@ -294,8 +290,10 @@ def upcycle(args) -> Path:
     with atomic_output_dir(output, args.overwrite) as tmp:
         type(model.config).register_for_auto_class()
         type(model).register_for_auto_class("AutoModel")
+        # save_pretrained copies the model's code (the registered classes and their sibling imports);
+        # the Sentence-Transformers module is not reached from it, so it is copied here.
         model.save_pretrained(tmp, max_shard_size=args.max_shard_size)
-        copy_modeling_files(tmp, upcycled.files)
+        copy_modeling_files(tmp, [upcycled.st_module.split(".")[0] + ".py"])
         copy_tokenizer_files(source, tmp)
         write_sentence_transformers_files(source, tmp, upcycled.st_module, upcycled.prompts)
         render_card(tmp, args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}", base_model=base_name,

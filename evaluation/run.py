@@ -88,6 +88,7 @@ def embed(model, texts: list[str], prompt: str, batch_size: int) -> np.ndarray:
 
 def evaluate(model, task: Task, root: Path, batch_size: int = 64, seed: int = 42) -> float:
     """Main score of `model` on `task`, 0-100."""
+    from sentence_transformers.util import cos_sim
     from sentence_transformers.sentence_transformer.evaluation import (
         BinaryClassificationEvaluator,
         EmbeddingSimilarityEvaluator,
@@ -114,7 +115,7 @@ def evaluate(model, task: Task, root: Path, batch_size: int = 64, seed: int = 42
         evaluator = InformationRetrievalEvaluator(
             data.queries, data.corpus, data.relevant, batch_size=batch_size, write_csv=False,
             query_prompt=prompt_for(model, "retrieval", "query"), corpus_prompt=prompt_for(model, "retrieval", "document"),
-            score_functions={"cosine": __import__("sentence_transformers").util.cos_sim},
+            score_functions={"cosine": cos_sim},
         )  # fmt: skip
         return 100 * evaluator(model)["cosine_ndcg@10"]
     if task.type == "classification":

@@ -237,8 +237,11 @@ class MoeBertModel(MoeBertPreTrainedModel):
         if reference is not None and reference.shape[0] == 0:
             raise ValueError("Got an empty batch: `input_ids` has 0 rows")
         token_index = None
-        if attention_mask is not None and not bool(attention_mask.all()):
-            token_index = attention_mask.reshape(-1).nonzero().squeeze(-1)
+        if attention_mask is not None:
+            if bool(attention_mask.all()):
+                attention_mask = None  # nothing padded: decided once here, not again when building the mask
+            else:
+                token_index = attention_mask.reshape(-1).nonzero().squeeze(-1)
         last, pooled, hidden, attentions, router_logits = self.encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             routing=MoeRouting(token_index), output_hidden_states=output_hidden_states,
