@@ -21,6 +21,12 @@ def undersample(labels: list, samples_per_label: int, rng: np.random.Generator) 
     return np.asarray(chosen)
 
 
+def undersample_draws(labels: list, samples_per_label: int, n_experiments: int = 10, seed: int = 42) -> list[np.ndarray]:
+    """The training indices of each of MTEB's `n_experiments` classification experiments."""
+    rng = np.random.default_rng(seed)
+    return [undersample(labels, samples_per_label, rng) for _ in range(n_experiments)]
+
+
 def classification_accuracy(
     train_embeddings: np.ndarray,
     train_labels: list,
@@ -31,14 +37,16 @@ def classification_accuracy(
     max_iter: int = 100,
     seed: int = 42,
 ) -> float:
-    """Mean test accuracy of logistic regressions fitted on `n_experiments` undersampled training sets."""
+    """Mean test accuracy of logistic regressions fitted on `n_experiments` undersampled training sets.
+
+    Only the rows of `train_embeddings` that `undersample_draws` picks are read, so a caller may
+    embed just those (`np.unique(np.concatenate(draws))`) and leave the other rows empty.
+    """
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score
 
-    rng = np.random.default_rng(seed)
     scores = []
-    for _ in range(n_experiments):
-        index = undersample(train_labels, samples_per_label, rng)
+    for index in undersample_draws(train_labels, samples_per_label, n_experiments, seed):
         classifier = LogisticRegression(max_iter=max_iter, random_state=seed)
         classifier.fit(train_embeddings[index], np.asarray(train_labels)[index])
         scores.append(accuracy_score(test_labels, classifier.predict(test_embeddings)))

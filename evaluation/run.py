@@ -27,7 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluation import data as D
-from evaluation.metrics import classification_accuracy, clustering_v_measure
+from evaluation.metrics import classification_accuracy, clustering_v_measure, undersample_draws
 
 logger = logging.getLogger("evaluation")
 
@@ -120,8 +120,11 @@ def evaluate(model, task: Task, root: Path, batch_size: int = 64, seed: int = 42
         return 100 * evaluator(model)["cosine_ndcg@10"]
     if task.type == "classification":
         prompt = prompt_for(model, "classification")
-        train = embed(model, data.train_texts, prompt, batch_size)
         test = embed(model, data.test_texts, prompt, batch_size)
+        # the experiments read only their undersampled training rows: embed just those
+        used = np.unique(np.concatenate(undersample_draws(data.train_labels, task.samples_per_label, seed=seed)))
+        train = np.zeros((len(data.train_texts), test.shape[1]), dtype=test.dtype)
+        train[used] = embed(model, [data.train_texts[i] for i in used], prompt, batch_size)
         return 100 * classification_accuracy(
             train, data.train_labels, test, data.test_labels, samples_per_label=task.samples_per_label, seed=seed
         )

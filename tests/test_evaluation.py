@@ -11,7 +11,7 @@ from sentence_transformers import SentenceTransformer
 from sklearn.metrics import average_precision_score
 
 from evaluation import data as D
-from evaluation.metrics import classification_accuracy, clustering_v_measure, ndcg_at_k, undersample
+from evaluation.metrics import classification_accuracy, clustering_v_measure, ndcg_at_k, undersample, undersample_draws
 from evaluation.run import TASKS, evaluate
 from evaluation.run import main as run_main
 
@@ -98,6 +98,14 @@ def test_classification_and_clustering_protocols():
     shuffled = list(rng.permutation(labels))
     assert classification_accuracy(points, shuffled, points, labels, samples_per_label=8) < 0.7
     assert clustering_v_measure(points, labels) == pytest.approx(1.0)
+    # the protocol reads only the drawn rows: blanking the others (as evaluation.run does) changes nothing
+    noisy = points + rng.normal(0, 3.0, points.shape)
+    used = np.unique(np.concatenate(undersample_draws(labels, 4)))
+    assert 0 < len(used) < 90
+    blanked = np.zeros_like(noisy)
+    blanked[used] = noisy[used]
+    assert classification_accuracy(blanked, labels, noisy, labels, samples_per_label=4) == classification_accuracy(
+        noisy, labels, noisy, labels, samples_per_label=4)
     assert clustering_v_measure(rng.normal(size=(90, 2)), labels) < 0.2
 
 
