@@ -16,12 +16,16 @@ def _jsonl(path, rows):
     return path
 
 
+def _write_data(folder):
+    _jsonl(folder / "ret.jsonl", [{"anchor": f"question {i}", "positive": f"answer {i}", "negative": f"other {i}"} for i in range(8)])
+    _jsonl(folder / "para.jsonl", [{"anchor": f"text {i}", "positive": f"same text {i}"} for i in range(8)])
+    _jsonl(folder / "para2.jsonl", [{"anchor": f"news {i}", "positive": f"story {i}", "source": "x"} for i in range(4)])
+
+
 @pytest.fixture()
 def workdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    _jsonl(tmp_path / "ret.jsonl", [{"anchor": f"question {i}", "positive": f"answer {i}", "negative": f"other {i}"} for i in range(8)])
-    _jsonl(tmp_path / "para.jsonl", [{"anchor": f"text {i}", "positive": f"same text {i}"} for i in range(8)])
-    _jsonl(tmp_path / "para2.jsonl", [{"anchor": f"news {i}", "positive": f"story {i}", "source": "x"} for i in range(4)])
+    _write_data(tmp_path)
     return tmp_path
 
 
@@ -47,6 +51,45 @@ def test_registry_reaches_entries_losses_and_prompts(workdir, mote_dir):
     assert prompts["clustering"] == {"anchor": "clustering: ", "positive": "clustering: "}
 
 
+def test_static_curriculum_mixes_tasks_with_prompts_in_the_text(workdir, mote_dir):
+    config = load_config(_config(workdir, mote_dir, curriculum="static", temperature=0.05))
+    model = SentenceTransformer(mote_dir, trust_remote_code=True)
+    datasets, losses, prompts = build_entries(config, workdir, model)
+    assert list(datasets) == ["static"] and prompts == {"static": {}}
+    assert losses["static"].scale == pytest.approx(1 / 0.05)
+    rows = datasets["static"]
+    assert len(rows) == 8 + 12 and rows.column_names == ["anchor", "positive"]  # the columns all entries share
+    starts = {(row["anchor"].split(": ")[0], row["positive"].split(": ")[0]) for row in rows}
+    assert starts == {("search_query", "search_document"), ("clustering", "clustering")}
+    assert {row["anchor"] for row in rows} >= {"search_query: question 3", "clustering: news 2"}
+    # the batches mix tasks, and MoTE routes each row by the prefix in its text
+    first = rows.select(range(8))["anchor"]
+    assert len({text.split(": ")[0] for text in first}) == 2
+    from modeling.modeling_mote import detect_task_ids
+
+    ids = model.tokenize(first)["input_ids"]
+    tasks = model[0].auto_model.config.tasks
+    assert [tasks[i] for i in detect_task_ids(ids, model[0].auto_model.config)] == [
+        "query" if text.startswith("search_query") else "clustering" for text in first]
+
+
+def test_loss_options_build_the_configured_losses(workdir, mote_dir):
+    from sentence_transformers.sentence_transformer import losses as st_losses
+
+    model = SentenceTransformer(mote_dir, trust_remote_code=True)
+    options = {"cached_mini_batch_size": 3, "matryoshka_dims": [384, 64], "gather_across_devices": True}
+    _, losses, _ = build_entries(load_config(_config(workdir, mote_dir, loss=options)), workdir, model)
+    for entry, loss in losses.items():
+        assert isinstance(loss, st_losses.MatryoshkaLoss) and list(loss.matryoshka_dims) == [384, 64]
+        inner = loss.loss
+        assert isinstance(inner, st_losses.CachedMultipleNegativesRankingLoss)
+        assert inner.mini_batch_size == 3 and inner.gather_across_devices
+        assert inner.scale == pytest.approx(1 / (0.03 if entry.startswith("retrieval") else 0.06))
+    _, losses, _ = build_entries(load_config(_config(workdir, mote_dir)), workdir, model)
+    assert all(type(loss) is st_losses.MultipleNegativesRankingLoss and not loss.gather_across_devices
+               for loss in losses.values())  # fmt: skip
+
+
 def test_cli_trains_and_saves(workdir, mote_dir):
     train_main(["--config", str(_config(workdir, mote_dir))])
     trained = SentenceTransformer(str(workdir / "out"), trust_remote_code=True)
@@ -60,6 +103,11 @@ def test_cli_trains_and_saves(workdir, mote_dir):
         ({"tasks": {"retrieval": [{"path": "missing.jsonl"}]}}, "missing.jsonl not found"),
         ({"tasks": {"retrieval": [{"path": "bad.jsonl"}]}}, "lacks `anchor` or `positive`"),
         ({"model": None}, "must define `model` and `tasks`"),
+        ({"curriculum": "random"}, "unknown curriculum 'random'; expected one of task_aware, static"),
+        ({"curriculum": "static", "temperature": "hot"}, "temperature must be a positive number, got 'hot'"),
+        ({"loss": {"matryoshka": [64]}}, "`loss` takes the keys cached_mini_batch_size, matryoshka_dims"),
+        ({"loss": {"matryoshka_dims": [64, "x"]}}, "loss.matryoshka_dims must be a list of positive integers"),
+        ({"loss": {"cached_mini_batch_size": 0}}, "loss.cached_mini_batch_size must be a positive integer"),
     ],
 )
 def test_bad_configs_exit_2(workdir, mote_dir, capsys, change, message):
@@ -75,38 +123,75 @@ def test_missing_config_file(tmp_path):
 
 
 DISTRIBUTED_RUN = """
-import os, sys
+import json, os, sys
 from pathlib import Path
-from sentence_transformers import SentenceTransformerTrainer
 from training.train import load_config, train
+from training.trainer import TaskAwareTrainer
 
 record = Path(sys.argv[2])
 
-class RecordingTrainer(SentenceTransformerTrainer):
+class RecordingTrainer(TaskAwareTrainer):
     def compute_loss(self, model, inputs, *args, **kwargs):
         with open(record / f"rank{os.environ['RANK']}.txt", "a") as handle:
             handle.write(f"{self.state.global_step} {inputs.get('dataset_name')}\\n")
         return super().compute_loss(model, inputs, *args, **kwargs)
 
+    def train(self, *args, **kwargs):
+        output = super().train(*args, **kwargs)
+        if self.is_world_process_zero():  # the logged loss is averaged over the ranks
+            (record / "losses.json").write_text(json.dumps([e["loss"] for e in self.state.log_history if "loss" in e]))
+        return output
+
 train(load_config(Path(sys.argv[1])), Path.cwd(), trainer_cls=RecordingTrainer)
 """
 
+# No dropout, so that one process and two see the same function; gathered in-batch negatives, so
+# that both compute the loss of the same global batch.
+EXACT = {"config_kwargs": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+         "loss": {"gather_across_devices": True}, "logging_steps": 1, "max_steps": 4, "learning_rate": 1e-4}  # fmt: skip
+LAUNCHERS = {
+    "torchrun": ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517"],
+    # accelerate's multi-process launcher is torchrun's; on CPU, training.train picks the gloo backend
+    "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29518"],
+}  # fmt: skip
 
-def test_two_processes_train_on_the_same_entry_at_every_step(workdir, mote_dir):
-    """torchrun with 2 CPU processes (gloo): at every step both ranks draw from the same entry."""
+
+@pytest.fixture(scope="module")
+def single_process_losses(tmp_path_factory, mote_dir):
+    """Per-step losses of one process on global batches of 4 (the 2-process runs use 2 per rank)."""
+    from training.train import train
+    from training.trainer import TaskAwareTrainer
+
+    workdir = tmp_path_factory.mktemp("single")
+    _write_data(workdir)
+    trainers = []
+
+    class Keep(TaskAwareTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            trainers.append(self)
+
+    train(load_config(_config(workdir, mote_dir, batch_size=4, output_dir="single-out", **EXACT)), workdir, trainer_cls=Keep)
+    return [entry["loss"] for entry in trainers[0].state.log_history if "loss" in entry]
+
+
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_two_processes_match_one_process_on_the_same_global_batch(workdir, mote_dir, single_process_losses, launcher):
+    """2 CPU processes (gloo) under torchrun or accelerate launch: at every step both ranks draw
+    from the same entry, and the losses equal one process's on the same global batches."""
     import os
     import subprocess
     import sys
 
     from conftest import REPO
 
-    config = _config(workdir, mote_dir, batch_size=2, max_steps=4, output_dir="ddp-out")
+    config = _config(workdir, mote_dir, batch_size=2, output_dir="ddp-out", **EXACT)
     (workdir / "run.py").write_text(DISTRIBUTED_RUN)
     (workdir / "record").mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-         str(workdir / "run.py"), str(config), str(workdir / "record")],
+        [sys.executable, *LAUNCHERS[launcher], str(workdir / "run.py"), str(config), str(workdir / "record")],
         cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -114,4 +199,43 @@ def test_two_processes_train_on_the_same_entry_at_every_step(workdir, mote_dir):
     assert len(ranks[0]) == len(ranks[1]) == 4
     assert ranks[0] == ranks[1]  # same step numbers, same entry on both ranks
     assert {line.split(" ", 1)[1] for line in ranks[0]} == {"retrieval/ret", "clustering"}
+    losses = json.loads((workdir / "record" / "losses.json").read_text())
+    assert len(losses) == len(single_process_losses) == 4
+    assert losses == pytest.approx(single_process_losses, rel=1e-3)
+    assert len(set(losses)) > 1  # the steps differ, so matching them all is not a coincidence
     assert (workdir / "ddp-out" / "model.safetensors").exists()
+
+
+AVERAGE_GRADIENTS = """
+import sys, torch, torch.distributed as dist
+from training.trainer import average_gradients
+
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+both, one, none = (torch.nn.Parameter(torch.zeros(3)) for _ in range(3))
+both.grad = torch.full((3,), float(rank + 1))      # 1 on rank 0, 2 on rank 1
+if rank == 0:
+    one.grad = torch.full((3,), 4.0)              # a gradient on rank 0 only (an expert only it routed to)
+average_gradients([both, one, none], 2)
+assert torch.equal(both.grad, torch.full((3,), 1.5)), both.grad
+assert torch.equal(one.grad, torch.full((3,), 2.0)), one.grad   # the absent one counts as zeros
+assert none.grad is None                          # unused everywhere: the optimizer skips it
+print("ok", rank)
+"""
+
+
+def test_average_gradients_follows_ddps_missing_gradient_rule(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    (tmp_path / "avg.py").write_text(AVERAGE_GRADIENTS)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    store = str(tmp_path / "store")
+    processes = [subprocess.Popen([sys.executable, str(tmp_path / "avg.py"), str(rank), store], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]  # fmt: skip
+    outputs = [process.communicate(timeout=120) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], [err[-2000:] for _, err in outputs]
+    assert [out.strip() for out, _ in outputs] == ["ok 0", "ok 1"]
