@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install the project with its dev and train extras.
+# Create .venv (if missing) and install the project with its dev, train and analysis extras.
 # torch is installed first and pinned to 2.13.0 (a CPU wheel on this machine's disk): an unpinned
 # request would pull a multi-GB CUDA build. Set MOE_EMBED_TORCH to install another torch spec.
 set -euo pipefail
@@ -9,4 +9,4 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet "${MOE_EMBED_TORCH:-torch==2.13.0}"
-.venv/bin/python -m pip install --quiet -e ".[dev,train]"
+.venv/bin/python -m pip install --quiet -e ".[dev,train,analysis]"

@@ -1,0 +1,149 @@
+"""Inter-task similarity of task-specialised embeddings (MoTE paper section 5.4, Figure 3).
+
+    python -m evaluation.intertask models/ic models/mote --names IC,MoTE --output-dir results/intertask
+
+Each text is embedded once per task (with the model's prompt for it: `query`, `document`,
+`classification`, `clustering`), and for every pair of tasks the cosine similarity of a text's two
+embeddings is one sample. Lower similarity means more specialised embeddings. For each pair a
+one-sided Welch t-test (`scipy.stats.ttest_ind(equal_var=False, alternative="less")`) tests
+H1: mean similarity of the first model < that of the second. Texts default to 128 documents of the
+SciFact corpus drawn with `--seed` (the paper used 128 Wikipedia articles, which `../shared/data`
+lacks); `--texts FILE` takes one text per line instead. Writes `intertask.json` and
+`intertask.png` (a box plot per task pair and model) to `--output-dir` and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evaluation import data as D
+
+TASKS = ("query", "document", "classification", "clustering")
+LABELS = {"query": "search query", "document": "search document", "classification": "classification",
+          "clustering": "clustering"}  # fmt: skip
+
+
+def task_embeddings(model, texts: list[str], batch_size: int = 32) -> dict[str, np.ndarray]:
+    """Unit-normalised embeddings of `texts` under each task's prompt; a DataError if a prompt is missing."""
+    missing = [task for task in TASKS if task not in (model.prompts or {})]
+    if missing:
+        raise D.DataError(f"the model defines no prompt for {missing}; expected prompts named {', '.join(TASKS)}")
+    return {task: model.encode(texts, prompt_name=task, batch_size=batch_size, normalize_embeddings=True,
+                               convert_to_numpy=True, show_progress_bar=False) for task in TASKS}  # fmt: skip
+
+
+def pair_similarities(embeddings: dict[str, np.ndarray]) -> dict[tuple[str, str], np.ndarray]:
+    """Per task pair, the cosine similarity of each text's two embeddings."""
+    return {(a, b): np.sum(embeddings[a] * embeddings[b], axis=1) for a, b in combinations(TASKS, 2)}
+
+
+def welch_less(first: np.ndarray, second: np.ndarray) -> tuple[float, float]:
+    """(t, p) of the one-sided Welch t-test with H1: mean(first) < mean(second)."""
+    from scipy.stats import ttest_ind
+
+    result = ttest_ind(first, second, equal_var=False, alternative="less")
+    return float(result.statistic), float(result.pvalue)
+
+
+def compare(similarities: list[dict], names: list[str]) -> list[dict]:
+    """Rows per task pair: mean and sd of each model's similarities, Welch t and p (first < second)."""
+    rows = []
+    for pair in similarities[0]:
+        first, second = similarities[0][pair], similarities[1][pair]
+        t, p = welch_less(first, second)
+        rows.append({"tasks": list(pair), **{f"{name}_mean": float(s[pair].mean()) for name, s in zip(names, similarities)},
+                     **{f"{name}_sd": float(s[pair].std(ddof=1)) for name, s in zip(names, similarities)},
+                     "t": t, "p": p})  # fmt: skip
+    return rows
+
+
+def plot(similarities: list[dict], names: list[str], path: Path) -> None:
+    """Box plots of the similarities, one group per task pair, one box per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = list(similarities[0])
+    figure, axis = plt.subplots(figsize=(1.9 * len(pairs) + 1, 4.2))
+    width = 0.8 / len(names)
+    for index, (name, values) in enumerate(zip(names, similarities)):
+        positions = [p + (index - (len(names) - 1) / 2) * width for p in range(len(pairs))]
+        boxes = axis.boxplot([values[pair] for pair in pairs], positions=positions, widths=width * 0.9,
+                             patch_artist=True, showfliers=False)  # fmt: skip
+        for box in boxes["boxes"]:
+            box.set_facecolor(f"C{index}")
+        axis.plot([], [], color=f"C{index}", linewidth=8, label=name)
+    axis.set_xticks(range(len(pairs)))
+    axis.set_xticklabels([f"{LABELS[a]}\nvs {LABELS[b]}" for a, b in pairs], fontsize=8)
+    axis.set_ylabel("cosine similarity of one text's two embeddings")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def default_texts(root: Path, count: int, seed: int) -> list[str]:
+    corpus = D.read_jsonl(root / "retrieval/scifact/corpus.jsonl")
+    return [f"{d.get('title', '')} {d['text']}".strip() for d in random.Random(seed).sample(corpus, count)]
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("models", nargs=2, help="two model folders or Hub ids; the test asks whether the first is lower")
+    parser.add_argument("--names", default=None, help="comma-separated display names of the two models")
+    parser.add_argument("--output-dir", required=True, help="folder for intertask.json and intertask.png")
+    parser.add_argument("--texts", default=None, help="file with one text per line (default: SciFact documents)")
+    parser.add_argument("--count", type=int, default=128, help="number of default texts (default 128)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the default texts' draw (default 0)")
+    parser.add_argument("--data-dir", default=None, help="shared data folder (default: ../shared/data)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow the models' own code (MoTE)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    names = args.names.split(",") if args.names else [Path(m).name or m for m in args.models]
+    try:
+        if len(names) != 2 or len(set(names)) != 2:
+            raise D.DataError(f"--names takes two different comma-separated names, got {args.names!r}")
+        if args.texts:
+            try:
+                texts = [line.strip() for line in Path(args.texts).read_text(encoding="utf-8").splitlines() if line.strip()]
+            except FileNotFoundError:
+                raise D.DataError(f"texts file {args.texts} not found") from None
+        else:
+            texts = default_texts(D.data_dir(args.data_dir), args.count, args.seed)
+        if len(texts) < 3:
+            raise D.DataError(f"need at least 3 texts for the t-tests, got {len(texts)}")
+        from sentence_transformers import SentenceTransformer
+
+        models = [SentenceTransformer(m, trust_remote_code=args.trust_remote_code) for m in args.models]
+        similarities = [pair_similarities(task_embeddings(model, texts)) for model in models]
+    except D.DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    rows = compare(similarities, names)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "intertask.json").write_text(json.dumps({"models": dict(zip(names, args.models)), "texts": len(texts),
+                                                    "pairs": rows}, indent=2) + "\n")  # fmt: skip
+    plot(similarities, names, out / "intertask.png")
+    a, b = names
+    print(f"| tasks | {a} | {b} | Welch t | p ({a} < {b}) |\n|---|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {LABELS[row['tasks'][0]]} vs {LABELS[row['tasks'][1]]} | {row[f'{a}_mean']:.3f} ± {row[f'{a}_sd']:.3f} "
+              f"| {row[f'{b}_mean']:.3f} ± {row[f'{b}_sd']:.3f} | {row['t']:.2f} | {row['p']:.2g} |")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
