@@ -26,3 +26,11 @@ def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
     moe = run_repo_script("benchmarks/bench_moe.py", *quick, "--model", moe_dir, capsys=capsys)
     row = moe.strip().splitlines()[-1]
     assert row.startswith("| 2 | 16 |") and row.count("|") == 9
+
+
+def test_training_benchmark_runs(capsys):
+    out = run_repo_script("benchmarks/bench_train.py", "--batch-size", "2", "--seq-len", "16", "--steps", "1",
+                          "--repeats", "1", capsys=capsys)  # fmt: skip
+    rows = out.strip().splitlines()[-2:]
+    assert rows[0].startswith("| dense + prompts |") and rows[1].startswith("| MoTE |")
+    assert all(row.count("|") == 6 for row in rows)
