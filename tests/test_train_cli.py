@@ -90,10 +90,16 @@ def test_loss_options_build_the_configured_losses(workdir, mote_dir):
                for loss in losses.values())  # fmt: skip
 
 
-def test_cli_trains_and_saves(workdir, mote_dir):
-    train_main(["--config", str(_config(workdir, mote_dir))])
+def test_cli_trains_and_saves_with_gradcache_and_matryoshka(workdir, mote_dir):
+    loss = {"cached_mini_batch_size": 2, "matryoshka_dims": [384, 64]}
+    train_main(["--config", str(_config(workdir, mote_dir, loss=loss, max_seq_length=16))])
     trained = SentenceTransformer(str(workdir / "out"), trust_remote_code=True)
     assert trained.encode_query(["question 1"]).shape == (1, 384)
+    assert trained.max_seq_length == SentenceTransformer(mote_dir, trust_remote_code=True).max_seq_length
+    before = SentenceTransformer(mote_dir, trust_remote_code=True)
+    changed = {name for name, p in trained[0].auto_model.named_parameters()
+               if not p.equal(before[0].auto_model.get_parameter(name))}  # fmt: skip
+    assert changed and not any(".experts.2." in name for name in changed)  # classification saw no batch
 
 
 @pytest.mark.parametrize(
