@@ -1,10 +1,11 @@
 """Training data for the MoTE-vs-instructions experiment, built from the train splits in `../shared/data`.
 
-    python -m experiments.prepare_data --output models/experiment/data [--seed 0]
+    python -m experiments.prepare_data --output models/experiment/data [--seed 0] [--no-negatives]
 
-Writes one JSONL file per dataset with `anchor`, `positive` and `negative` (every dataset has a
-negative, so the static curriculum, which needs the columns all entries share, trains on the same
-rows as TA-CL) and prints a training config's `tasks:` section for them:
+Writes one JSONL file per dataset with `anchor`, `positive` and `negative` (every dataset gets a
+negative, so the static curriculum, which keeps the columns all entries share, would train on the
+same rows as TA-CL; `--no-negatives` writes pairs only, as the experiment runner does to halve
+the cost of a step) and prints each dataset's size:
 
 - retrieval (query -> document): SciFact train claims -> cited abstracts (the qrels' train split;
   evaluation uses the disjoint test claims), SNLI premise -> entailment with the contradiction as
@@ -15,7 +16,7 @@ rows as TA-CL) and prints a training config's `tasks:` section for them:
 - clustering: TREC train questions paired by fine label, and the paraphrase pairs of
   `training_pairs/positive_pairs.jsonl` (MRPC, SICK, STS; leakage-filtered by the data's README).
 
-Sizes are capped per dataset (`CAPS`) so that one epoch takes minutes on a CPU.
+Sizes are capped per dataset (`CAPS`, 4,100 rows in all) so that one epoch takes minutes on a CPU.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ if __package__ in (None, ""):
 
 from evaluation import data as D
 
-CAPS = {"scifact": 919, "snli": 1500, "trecqa": 348, "banking77": 1000, "emotion": 1000,
-        "amazon_counterfactual": 1000, "trec": 1000, "paraphrases": 1500}  # fmt: skip
+CAPS = {"scifact": 600, "snli": 600, "trecqa": 200, "banking77": 500, "emotion": 500, "amazon_counterfactual": 500,
+        "trec": 600, "paraphrases": 600}  # fmt: skip
 TASK_OF = {"scifact": "retrieval", "snli": "retrieval", "trecqa": "retrieval", "banking77": "classification",
            "emotion": "classification", "amazon_counterfactual": "classification", "trec": "clustering",
            "paraphrases": "clustering"}  # fmt: skip
@@ -87,11 +88,14 @@ def build(root: Path, seed: int = 0) -> dict[str, list[dict]]:
     return datasets
 
 
-def write(datasets: dict[str, list[dict]], output: Path) -> dict[str, list[dict]]:
-    """Write `<name>.jsonl` files into `output`; returns the config's `tasks:` section."""
+def write(datasets: dict[str, list[dict]], output: Path, negatives: bool = True) -> dict[str, list[dict]]:
+    """Write `<name>.jsonl` files into `output` (without the `negative` column unless `negatives`);
+    returns the config's `tasks:` section."""
     output.mkdir(parents=True, exist_ok=True)
     tasks: dict[str, list[dict]] = {}
     for name, rows in datasets.items():
+        if not negatives:
+            rows = [{"anchor": row["anchor"], "positive": row["positive"]} for row in rows]
         path = output / f"{name}.jsonl"
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
@@ -105,13 +109,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", required=True, help="folder for the JSONL files")
     parser.add_argument("--data-dir", default=None, help="shared data folder (default: ../shared/data)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    parser.add_argument("--no-negatives", action="store_true", help="write (anchor, positive) pairs only")
     args = parser.parse_args(argv)
     try:
         datasets = build(D.data_dir(args.data_dir), args.seed)
     except D.DataError as error:
         print(f"error: {error}", file=sys.stderr)
         raise SystemExit(2) from None
-    tasks = write(datasets, Path(args.output))
+    tasks = write(datasets, Path(args.output), negatives=not args.no_negatives)
     for name, rows in datasets.items():
         print(f"{TASK_OF[name]:>14}  {name:<22} {len(rows):>5} rows")
     return tasks
