@@ -81,7 +81,7 @@ def plot(similarities: list[dict], names: list[str], path: Path) -> None:
     for index, (name, values) in enumerate(zip(names, similarities)):
         positions = [p + (index - (len(names) - 1) / 2) * width for p in range(len(pairs))]
         boxes = axis.boxplot([values[pair] for pair in pairs], positions=positions, widths=width * 0.9,
-                             patch_artist=True, showfliers=False)  # fmt: skip
+                             patch_artist=True, showfliers=False, medianprops={"color": "black"})  # fmt: skip
         for box in boxes["boxes"]:
             box.set_facecolor(f"C{index}")
         axis.plot([], [], color=f"C{index}", linewidth=8, label=name)
@@ -92,6 +92,11 @@ def plot(similarities: list[dict], names: list[str], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def format_p(p: float) -> str:
+    """A p-value for the table; one below float precision shows as `< 1e-300`."""
+    return f"{p:.2g}" if p > 0 else "< 1e-300"
 
 
 def default_texts(root: Path, count: int, seed: int) -> list[str]:
@@ -141,7 +146,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"| tasks | {a} | {b} | Welch t | p ({a} < {b}) |\n|---|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {LABELS[row['tasks'][0]]} vs {LABELS[row['tasks'][1]]} | {row[f'{a}_mean']:.3f} ± {row[f'{a}_sd']:.3f} "
-              f"| {row[f'{b}_mean']:.3f} ± {row[f'{b}_sd']:.3f} | {row['t']:.2f} | {row['p']:.2g} |")
+              f"| {row[f'{b}_mean']:.3f} ± {row[f'{b}_sd']:.3f} | {row['t']:.2f} | {format_p(row['p'])} |")
     return rows
 
 
