@@ -32,11 +32,15 @@ TASK_STEPS = [("retrieval", "query", "document", 0.03), ("classification", "clas
               ("clustering", "clustering", "clustering", 0.06)]  # fmt: skip
 
 
-def load_rows(limit: int) -> list[dict]:
-    """(anchor, positive, negative) rows of the shared SNLI triplets."""
+def load_rows(pairs: str | None, limit: int = 4096) -> list[dict]:
+    """(anchor, positive, negative) rows of `pairs` (JSONL), by default the shared SNLI triplets."""
     from evaluation import data as D
 
-    return D.read_jsonl(D.data_dir() / "training_pairs/snli_devtest_triplets.jsonl")[:limit]
+    path = Path(pairs) if pairs else D.data_dir() / "training_pairs/snli_devtest_triplets.jsonl"
+    rows = D.read_jsonl(path)[:limit]
+    if not rows or any(not {"anchor", "positive", "negative"} <= set(row) for row in rows):
+        raise D.DataError(f"{path}: expected JSONL rows with anchor, positive and negative")
+    return rows
 
 
 def batches(model, rows: list[dict], batch_size: int, steps: int) -> list[tuple[list[dict], float]]:
@@ -90,7 +94,7 @@ def worker(folder: str, options: dict) -> None:
     before = resident_kb("VmRSS")
     model = load(folder, options["seq_len"], options["threads"])
     step = make_trainer(model)
-    for features, tau in batches(model, load_rows(4096), options["batch_size"], options["steps"]):
+    for features, tau in batches(model, load_rows(options["pairs"]), options["batch_size"], options["steps"]):
         step(features, tau)
     print(json.dumps({"peak_mb": (resident_kb("VmHWM") - before) / 1024}))
 
@@ -102,12 +106,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=4, help="steps per timing round (default 4)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (default 5)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--pairs", default=None, help="JSONL with anchor/positive/negative (default: shared SNLI triplets)")
     parser.add_argument("--worker", nargs=2, metavar=("FOLDER", "OPTIONS_JSON"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker[0], json.loads(args.worker[1]))
     if min(args.batch_size, args.seq_len, args.steps, args.repeats) < 1:
         parser.error("--batch-size, --seq-len, --steps and --repeats must be positive")
+    from evaluation import data as D
+
+    try:
+        rows = load_rows(args.pairs)
+    except D.DataError as error:
+        parser.error(str(error))
 
     from sentence_transformers import SentenceTransformer
 
@@ -120,14 +131,14 @@ def main(argv: list[str] | None = None) -> None:
         prompts = json.loads((Path(mote_dir) / "config_sentence_transformers.json").read_text())["prompts"]
         SentenceTransformer(bundled_minilm_path(), prompts=prompts).save(dense_dir)
         folders = {"dense + prompts": dense_dir, "MoTE": mote_dir}
-        options = {"batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps * 3, "threads": args.threads}
+        options = {"batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps * 3, "threads": args.threads,
+                   "pairs": args.pairs}
         peaks = {
             name: json.loads(subprocess.run([sys.executable, __file__, "--worker", folder, json.dumps(options)],
                                             capture_output=True, text=True, check=True).stdout.splitlines()[-1])["peak_mb"]
             for name, folder in folders.items()
         }  # fmt: skip
         models = {name: load(folder, args.seq_len, args.threads) for name, folder in folders.items()}
-        rows = load_rows(4096)
         work = {name: batches(model, rows, args.batch_size, args.steps) for name, model in models.items()}
         steppers = {name: make_trainer(model) for name, model in models.items()}
         for name in models:  # warm-up: one step of each task

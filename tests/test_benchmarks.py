@@ -28,9 +28,14 @@ def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
     assert row.startswith("| 2 | 16 |") and row.count("|") == 9
 
 
-def test_training_benchmark_runs(capsys):
+def test_training_benchmark_runs(tmp_path, capsys):
+    import json
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"anchor": f"question {i}", "positive": f"answer {i}", "negative": f"other {i}"}) + "\n"
+                             for i in range(6)))  # fmt: skip
     out = run_repo_script("benchmarks/bench_train.py", "--batch-size", "2", "--seq-len", "16", "--steps", "1",
-                          "--repeats", "1", capsys=capsys)  # fmt: skip
+                          "--repeats", "1", "--pairs", str(pairs), capsys=capsys)  # fmt: skip
     rows = out.strip().splitlines()[-2:]
     assert rows[0].startswith("| dense + prompts |") and rows[1].startswith("| MoTE |")
     assert all(row.count("|") == 6 for row in rows)

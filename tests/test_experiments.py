@@ -1,0 +1,87 @@
+"""experiments: the training pairs built from the shared train splits, and the seed report."""
+
+import json
+
+import pytest
+
+from experiments import prepare_data
+from experiments.mote_vs_ic import report, summary
+
+
+def _tsv(path, header, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\t".join(header) + "\n" + "".join("\t".join(map(str, r)) + "\n" for r in rows))
+
+
+def _jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture()
+def shared(tmp_path):
+    """A tiny copy of ../shared/data's layout."""
+    root = tmp_path / "data"
+    scifact = root / "retrieval/scifact"
+    _jsonl(scifact / "corpus.jsonl", [{"_id": f"d{i}", "title": f"T{i}", "text": f"doc {i}"} for i in range(6)])
+    _jsonl(scifact / "queries.jsonl", [{"_id": f"q{i}", "text": f"claim {i}"} for i in range(4)])
+    _tsv(scifact / "qrels/train.tsv", ["query-id", "corpus-id", "score"], [["q0", "d0", 1], ["q1", "d1", 1], ["q1", "d2", 1]])
+    _tsv(scifact / "qrels/test.tsv", ["query-id", "corpus-id", "score"], [["q3", "d3", 1]])
+    _jsonl(root / "training_pairs/snli_devtest_triplets.jsonl",
+           [{"anchor": f"premise {i}", "positive": f"entailed {i}", "negative": f"contradiction {i}", "source": "snli_dev"}
+            for i in range(5)])  # fmt: skip
+    _jsonl(root / "training_pairs/positive_pairs.jsonl",
+           [{"anchor": f"question {i}", "positive": f"answer {i}", "source": "trecqa_train_qa"} for i in range(4)]
+           + [{"anchor": f"para {i}", "positive": f"phrase {i}", "source": "mrpc_train_paraphrase"} for i in range(4)]
+           + [{"anchor": "snli only", "positive": "x", "source": "snli_dev"}])  # fmt: skip
+    for name, train in [("banking77", "train.tsv"), ("emotion", "train.tsv"), ("amazon_counterfactual", "en_train.tsv")]:
+        _tsv(root / "classification" / name / train, ["text", "label"], [[f"{name} {i}", f"L{i % 3}"] for i in range(9)])
+    _tsv(root / "classification/trec/train.tsv", ["text", "coarse_label", "fine_label"],
+         [[f"trec {i}", "C", f"F{i % 2}"] for i in range(6)])  # fmt: skip
+    return root
+
+
+def test_build_pairs_follow_the_labels_and_splits(shared):
+    datasets = prepare_data.build(shared, seed=0)
+    assert set(datasets) == set(prepare_data.TASK_OF)
+    labels = {f"{name} {i}": f"L{i % 3}" for name in ("banking77", "emotion", "amazon_counterfactual") for i in range(9)}
+    labels.update({f"trec {i}": f"F{i % 2}" for i in range(6)})
+    for name in ("banking77", "emotion", "amazon_counterfactual", "trec"):
+        assert len(datasets[name]) == (9 if name != "trec" else 6)
+        for row in datasets[name]:
+            assert row["anchor"] != row["positive"] and labels[row["anchor"]] == labels[row["positive"]]
+            assert labels[row["negative"]] != labels[row["anchor"]]
+    # SciFact: the train qrels only (q3 is a test claim), title + text as the document
+    assert sorted((r["anchor"], r["positive"]) for r in datasets["scifact"]) == [
+        ("claim 0", "T0 doc 0"), ("claim 1", "T1 doc 1"), ("claim 1", "T2 doc 2")]
+    assert all(r["negative"] != r["positive"] for name in ("scifact", "trecqa", "paraphrases") for r in datasets[name])
+    assert {r["anchor"] for r in datasets["trecqa"]} == {f"question {i}" for i in range(4)}
+    assert {r["anchor"] for r in datasets["paraphrases"]} == {f"para {i}" for i in range(4)}  # no TrecQA or SNLI rows
+    assert [r["negative"] for r in datasets["snli"]] and all(r["negative"].startswith("contradiction") for r in datasets["snli"])
+    assert prepare_data.build(shared, seed=0) == datasets and prepare_data.build(shared, seed=1) != datasets
+
+
+def test_write_pairs_only_and_the_tasks_section(shared, tmp_path):
+    tasks = prepare_data.write(prepare_data.build(shared), tmp_path / "out", negatives=False)
+    assert {t: [d["name"] for d in specs] for t, specs in tasks.items()} == {
+        "retrieval": ["scifact", "snli", "trecqa"], "classification": ["banking77", "emotion", "amazon_counterfactual"],
+        "clustering": ["trec", "paraphrases"]}  # fmt: skip
+    rows = [json.loads(line) for line in (tmp_path / "out/snli.jsonl").read_text().splitlines()]
+    assert rows and all(set(row) == {"anchor", "positive"} for row in rows)
+
+
+def test_report_gives_mean_and_sample_sd_per_task_type():
+    def run(sts, banking, emotion):
+        return {"STSBenchmark": {"main_score": sts}, "Banking77Classification": {"main_score": banking},
+                "EmotionClassification": {"main_score": emotion}}  # fmt: skip
+
+    names = ["STSBenchmark", "Banking77Classification", "EmotionClassification"]
+    text = report({"base": [run(80, 70, 40)], "mote": [run(82, 71, 41), run(84, 73, 45)]}, names)
+    lines = text.strip().splitlines()
+    assert lines[0] == ("| model | STSBenchmark | Banking77Classification | EmotionClassification | sts (avg) | "
+                        "classification (avg) | average | seeds |")  # fmt: skip
+    assert lines[2] == "| base | 80.00 | 70.00 | 40.00 | 80.00 | 55.00 | 63.33 | 1 |"
+    # seeds' classification averages 56 and 59; overall averages 64.67 and 67.33
+    assert lines[3] == ("| mote | 83.00 ± 1.41 | 72.00 ± 1.41 | 43.00 ± 2.83 | 83.00 ± 1.41 | 57.50 ± 2.12 | "
+                        "66.00 ± 1.89 | 2 |")  # fmt: skip
+    assert summary([]) == "—"
