@@ -12,7 +12,10 @@ seeds, it trains
 
 then evaluates them and the untouched base (`evaluation.run`, no prompts) and writes a report
 (mean ± sample standard deviation over seeds, per task, per task type and on average) to
-`OUTPUT/report.md`. Every step is skipped when its output exists, so an interrupted run resumes.
+`OUTPUT/report.md`. Every step is skipped when its output exists, so an interrupted run resumes;
+a run whose scores are in `OUTPUT/results/` is not retrained (`docs/experiment/results/` holds the
+scores reported in `docs/results.md`: copy them there to add seeds or variants without redoing
+the rest).
 """
 
 from __future__ import annotations
@@ -153,8 +156,10 @@ def main(argv: list[str] | None = None) -> str:
     results = {"base (no prompts)": [evaluate(out, "base", dense_path(), ",".join(task_names))]}
     for seed in seeds:  # seed by seed, so a partial run already compares every variant
         for variant in variants:
-            folder = train(out, variant, seed, tasks)
-            results.setdefault(variant, []).append(evaluate(out, folder.name, str(folder), ",".join(task_names)))
+            name = f"{variant}-s{seed}"
+            # a run whose scores exist is not trained again (results/ may come from an earlier machine)
+            folder = out / "runs" / name if (out / "results" / f"{name}.json").exists() else train(out, variant, seed, tasks)
+            results.setdefault(variant, []).append(evaluate(out, name, str(folder), ",".join(task_names)))
         text = report(results, task_names)
         (out / "report.md").write_text(text)
         print(text, flush=True)
