@@ -135,12 +135,28 @@ def report(results: dict[str, list[dict]], task_names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_report(out: Path, runs: dict[str, list[str]], task_names: list[str]) -> str:
+    """report.md from the result files that exist (`runs`: model -> result names)."""
+    results = {}
+    for model, names in runs.items():
+        found = [json.loads(path.read_text()) for name in names if (path := out / "results" / f"{name}.json").exists()]
+        if found:
+            results[model] = found
+    text = report(results, task_names)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(text)
+    print(text, flush=True)
+    return text
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output", required=True, help="folder for data, models, logs, results and report.md")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
     parser.add_argument("--tasks", default="all", help="evaluation tasks (evaluation.run names, or 'all')")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write report.md from the scores in OUTPUT/results only (nothing is trained or evaluated)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -152,6 +168,9 @@ def main(argv: list[str] | None = None) -> str:
     except (ValueError, prepare_data.D.DataError) as error:
         parser.error(str(error))
     out = Path(args.output).resolve()
+    if args.report_only:
+        return write_report(out, {"base (no prompts)": ["base"], **{v: [f"{v}-s{s}" for s in seeds] for v in variants}},
+                            task_names)  # fmt: skip
     tasks = prepare(out)
     results = {"base (no prompts)": [evaluate(out, "base", dense_path(), ",".join(task_names))]}
     for seed in seeds:  # seed by seed, so a partial run already compares every variant

@@ -85,3 +85,16 @@ def test_report_gives_mean_and_sample_sd_per_task_type():
     assert lines[3] == ("| mote | 83.00 ± 1.41 | 72.00 ± 1.41 | 43.00 ± 2.83 | 83.00 ± 1.41 | 57.50 ± 2.12 | "
                         "66.00 ± 1.89 | 2 |")  # fmt: skip
     assert summary([]) == "—"
+
+
+def test_report_only_reads_the_result_files_that_exist(tmp_path, capsys):
+    from experiments.mote_vs_ic import main
+
+    (tmp_path / "results").mkdir()
+    for name, score in [("base", 80.0), ("mote-s0", 81.0), ("mote-s2", 83.0), ("ic-s1", 79.0)]:
+        (tmp_path / "results" / f"{name}.json").write_text(json.dumps({"STSBenchmark": {"main_score": score}}))
+    text = main(["--output", str(tmp_path), "--report-only", "--tasks", "STSBenchmark", "--variants", "ic,mote,ea"])
+    assert text == (tmp_path / "report.md").read_text()
+    rows = text.strip().splitlines()[2:]
+    assert rows == ["| base (no prompts) | 80.00 | 80.00 | 80.00 | 1 |", "| ic | 79.00 | 79.00 | 79.00 | 1 |",
+                    "| mote | 82.00 ± 1.41 | 82.00 ± 1.41 | 82.00 ± 1.41 | 2 |"]  # no EA scores: no row
