@@ -107,39 +107,53 @@ def evaluate(out: Path, name: str, model: str, tasks: str) -> dict:
     return json.loads(result.read_text())
 
 
-def summary(values: list[float]) -> str:
+def summary(values: list[float], signed: bool = False) -> str:
+    """`mean ± sample sd` (just the value for one, — for none); `signed` shows the sign of the mean."""
     if not values:
         return "—"
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+    mean = f"{statistics.mean(values):+.2f}" if signed else f"{statistics.mean(values):.2f}"
+    return mean if len(values) == 1 else f"{mean} ± {statistics.stdev(values):.2f}"
 
 
-def report(results: dict[str, list[dict]], task_names: list[str]) -> str:
-    """Markdown: one row per model, mean ± sd over seeds per task, per task type and the average."""
+def scores(run: dict, task_names: list[str]) -> dict[str, float]:
+    """A run's score per task, per task type (mean over its tasks) and on average."""
+    row = {t: run[t]["main_score"] for t in task_names}
+    for kind in dict.fromkeys(TASKS[t].type for t in task_names):
+        row[kind] = statistics.mean(row[t] for t in task_names if TASKS[t].type == kind)
+    row["average"] = statistics.mean(row[t] for t in task_names)
+    return row
+
+
+def report(results: dict[str, dict[int, dict]], task_names: list[str], reference: str = "ic") -> str:
+    """Markdown for `results` (model -> seed -> scores; seed None for the untrained base): mean ± sd
+    over seeds per task, per task type and on average; then each model's per-seed difference to
+    `reference` (same seed, so same data order), mean ± sd over the seeds both have."""
     types = list(dict.fromkeys(TASKS[t].type for t in task_names))
-
-    def scores(run: dict) -> dict[str, float]:
-        row = {t: run[t]["main_score"] for t in task_names}
-        for kind in types:
-            row[kind] = statistics.mean(row[t] for t in task_names if TASKS[t].type == kind)
-        row["average"] = statistics.mean(row[t] for t in task_names)
-        return row
-
+    keys = task_names + types + ["average"]
     columns = task_names + [f"{kind} (avg)" for kind in types] + ["average", "seeds"]
     lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
     for name, runs in results.items():
-        rows = [scores(run) for run in runs]
-        cells = [summary([row[key] for row in rows]) for key in task_names + types + ["average"]]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {len(runs)} |")
+        rows = [scores(run, task_names) for run in runs.values()]
+        lines.append(f"| {name} | " + " | ".join(summary([row[key] for row in rows]) for key in keys) + f" | {len(runs)} |")
+    paired = [name for name in results if name != reference and set(results[name]) & set(results.get(reference, {}))]
+    if paired:
+        lines += ["", f"Difference to {reference}, same seed:", "",
+                  "| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]  # fmt: skip
+        for name in paired:
+            seeds = sorted(set(results[name]) & set(results[reference]))
+            deltas = [{key: scores(results[name][seed], task_names)[key] - scores(results[reference][seed], task_names)[key]
+                       for key in keys} for seed in seeds]  # fmt: skip
+            cells = " | ".join(summary([delta[key] for delta in deltas], signed=True) for key in keys)
+            lines.append(f"| {name} − {reference} | {cells} | {len(seeds)} |")
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, runs: dict[str, list[str]], task_names: list[str]) -> str:
-    """report.md from the result files that exist (`runs`: model -> result names)."""
+def write_report(out: Path, runs: dict[str, dict[int, str]], task_names: list[str]) -> str:
+    """report.md from the result files that exist (`runs`: model -> seed -> result name)."""
     results = {}
     for model, names in runs.items():
-        found = [json.loads(path.read_text()) for name in names if (path := out / "results" / f"{name}.json").exists()]
+        found = {seed: json.loads(path.read_text()) for seed, name in names.items()
+                 if (path := out / "results" / f"{name}.json").exists()}  # fmt: skip
         if found:
             results[model] = found
     text = report(results, task_names)
@@ -169,16 +183,16 @@ def main(argv: list[str] | None = None) -> str:
         parser.error(str(error))
     out = Path(args.output).resolve()
     if args.report_only:
-        return write_report(out, {"base (no prompts)": ["base"], **{v: [f"{v}-s{s}" for s in seeds] for v in variants}},
+        return write_report(out, {"base (no prompts)": {None: "base"}, **{v: {s: f"{v}-s{s}" for s in seeds} for v in variants}},
                             task_names)  # fmt: skip
     tasks = prepare(out)
-    results = {"base (no prompts)": [evaluate(out, "base", dense_path(), ",".join(task_names))]}
+    results = {"base (no prompts)": {None: evaluate(out, "base", dense_path(), ",".join(task_names))}}
     for seed in seeds:  # seed by seed, so a partial run already compares every variant
         for variant in variants:
             name = f"{variant}-s{seed}"
             # a run whose scores exist is not trained again (results/ may come from an earlier machine)
             folder = out / "runs" / name if (out / "results" / f"{name}.json").exists() else train(out, variant, seed, tasks)
-            results.setdefault(variant, []).append(evaluate(out, name, str(folder), ",".join(task_names)))
+            results.setdefault(variant, {})[seed] = evaluate(out, name, str(folder), ",".join(task_names))
         text = report(results, task_names)
         (out / "report.md").write_text(text)
         print(text, flush=True)

@@ -76,7 +76,8 @@ def test_report_gives_mean_and_sample_sd_per_task_type():
                 "EmotionClassification": {"main_score": emotion}}  # fmt: skip
 
     names = ["STSBenchmark", "Banking77Classification", "EmotionClassification"]
-    text = report({"base": [run(80, 70, 40)], "mote": [run(82, 71, 41), run(84, 73, 45)]}, names)
+    text = report({"base": {None: run(80, 70, 40)}, "mote": {0: run(82, 71, 41), 2: run(84, 73, 45)},
+                   "ic": {0: run(81, 70, 40), 1: run(90, 90, 90), 2: run(82, 72, 44)}}, names)
     lines = text.strip().splitlines()
     assert lines[0] == ("| model | STSBenchmark | Banking77Classification | EmotionClassification | sts (avg) | "
                         "classification (avg) | average | seeds |")  # fmt: skip
@@ -84,6 +85,10 @@ def test_report_gives_mean_and_sample_sd_per_task_type():
     # seeds' classification averages 56 and 59; overall averages 64.67 and 67.33
     assert lines[3] == ("| mote | 83.00 ± 1.41 | 72.00 ± 1.41 | 43.00 ± 2.83 | 83.00 ± 1.41 | 57.50 ± 2.12 | "
                         "66.00 ± 1.89 | 2 |")  # fmt: skip
+    # paired with IC on seeds 0 and 2 only (seed 1 has no MoTE run): +1/+2 STS, +1/+1 Banking, +1/+1 Emotion
+    assert lines[-2].startswith("|---|") and not any(line.startswith("| base −") for line in lines)
+    assert lines[-1] == ("| mote − ic | +1.50 ± 0.71 | +1.00 ± 0.00 | +1.00 ± 0.00 | +1.50 ± 0.71 | +1.00 ± 0.00 | "
+                         "+1.17 ± 0.24 | 2 |")  # fmt: skip
     assert summary([]) == "—"
 
 
