@@ -120,16 +120,12 @@ def main(argv: list[str] | None = None) -> None:
     except D.DataError as error:
         parser.error(str(error))
 
-    from sentence_transformers import SentenceTransformer
-
-    from convert.checkpoint import bundled_minilm_path
-    from convert.upcycle import main as upcycle
+    from convert.upcycle import main as upcycle, save_dense_with_prompts
 
     with tempfile.TemporaryDirectory() as tmp:
         dense_dir, mote_dir = str(Path(tmp) / "dense"), str(Path(tmp) / "mote")
         upcycle(["--output", mote_dir, "--no-verify"])
-        prompts = json.loads((Path(mote_dir) / "config_sentence_transformers.json").read_text())["prompts"]
-        SentenceTransformer(bundled_minilm_path(), prompts=prompts).save(dense_dir)
+        save_dense_with_prompts(mote_dir, dense_dir)
         folders = {"dense + prompts": dense_dir, "MoTE": mote_dir}
         options = {"batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps * 3, "threads": args.threads,
                    "pairs": args.pairs}

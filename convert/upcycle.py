@@ -212,6 +212,23 @@ def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycle
     )
 
 
+def save_dense_with_prompts(expert_model: str | Path, output: str | Path, base: str | Path | None = None) -> None:
+    """Save the dense `base` (default: the bundled MiniLM) with the prompts of an upcycled expert model.
+
+    This is instruction conditioning (IC) with exactly the inputs the expert model sees: the baseline
+    that MoTE is compared with in the experiment, the inter-task analysis and the training benchmark.
+    """
+    import json
+
+    from sentence_transformers import SentenceTransformer
+
+    path = Path(expert_model) / "config_sentence_transformers.json"
+    prompts = json.loads(path.read_text()).get("prompts") if path.is_file() else None
+    if not prompts:
+        raise ConversionError(f"expected an expert model folder with prompts in {path}")
+    SentenceTransformer(str(resolve_source(None if base is None else str(base))), prompts=prompts).save(str(output))
+
+
 def with_passage(prompts: dict[str, str]) -> dict[str, str]:
     """Sentence-Transformers prompts: the task prefixes, plus `passage` (ST's other name for documents)."""
     prompts = dict(prompts)

