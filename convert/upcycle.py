@@ -34,6 +34,7 @@ from convert.checkpoint import (
     encoder_config_kwargs,
     map_state_dict,
     parse_dtype,
+    read_json,
     check_shard_size,
     load_tokenizer,
     read_dense_checkpoint,
@@ -218,12 +219,10 @@ def save_dense_with_prompts(expert_model: str | Path, output: str | Path, base: 
     This is instruction conditioning (IC) with exactly the inputs the expert model sees: the baseline
     that MoTE is compared with in the experiment, the inter-task analysis and the training benchmark.
     """
-    import json
-
     from sentence_transformers import SentenceTransformer
 
     path = Path(expert_model) / "config_sentence_transformers.json"
-    prompts = json.loads(path.read_text()).get("prompts") if path.is_file() else None
+    prompts = read_json(path).get("prompts")
     if not prompts:
         raise ConversionError(f"expected an expert model folder with prompts in {path}")
     SentenceTransformer(str(resolve_source(None if base is None else str(base))), prompts=prompts).save(str(output))

@@ -36,17 +36,21 @@ def classification_accuracy(
     samples_per_label: int = 8,
     max_iter: int = 100,
     seed: int = 42,
+    draws: list[np.ndarray] | None = None,
 ) -> float:
     """Mean test accuracy of logistic regressions fitted on `n_experiments` undersampled training sets.
 
-    Only the rows of `train_embeddings` that `undersample_draws` picks are read, so a caller may
-    embed just those (`np.unique(np.concatenate(draws))`) and leave the other rows empty.
+    `draws` are the experiments' training indices (default: `undersample_draws` with these
+    arguments). Only those rows of `train_embeddings` are read, so a caller that passes its draws
+    may embed just those rows and leave the others empty.
     """
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import accuracy_score
 
     scores = []
-    for index in undersample_draws(train_labels, samples_per_label, n_experiments, seed):
+    if draws is None:
+        draws = undersample_draws(train_labels, samples_per_label, n_experiments, seed)
+    for index in draws:
         classifier = LogisticRegression(max_iter=max_iter, random_state=seed)
         classifier.fit(train_embeddings[index], np.asarray(train_labels)[index])
         scores.append(accuracy_score(test_labels, classifier.predict(test_embeddings)))

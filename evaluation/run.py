@@ -122,12 +122,11 @@ def evaluate(model, task: Task, root: Path, batch_size: int = 64, seed: int = 42
         prompt = prompt_for(model, "classification")
         test = embed(model, data.test_texts, prompt, batch_size)
         # the experiments read only their undersampled training rows: embed just those
-        used = np.unique(np.concatenate(undersample_draws(data.train_labels, task.samples_per_label, seed=seed)))
+        draws = undersample_draws(data.train_labels, task.samples_per_label, seed=seed)
+        used = np.unique(np.concatenate(draws))
         train = np.zeros((len(data.train_texts), test.shape[1]), dtype=test.dtype)
         train[used] = embed(model, [data.train_texts[i] for i in used], prompt, batch_size)
-        return 100 * classification_accuracy(
-            train, data.train_labels, test, data.test_labels, samples_per_label=task.samples_per_label, seed=seed
-        )
+        return 100 * classification_accuracy(train, data.train_labels, test, data.test_labels, seed=seed, draws=draws)
     if task.type == "clustering":
         embeddings = embed(model, data.test_texts, prompt_for(model, "clustering"), batch_size)
         return 100 * clustering_v_measure(embeddings, data.test_labels, seed=seed)

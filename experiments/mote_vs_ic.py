@@ -60,15 +60,11 @@ def run(command: list[str], log: Path) -> None:
     logger.info("%s done in %.0f s", log.stem, time.perf_counter() - start)
 
 
-def dense_path() -> str:
-    return bundled_minilm_path()
-
-
 def prepare(out: Path) -> dict:
     """Training data, the upcycled MoTE and the dense model with MoTE's prompts; returns `tasks:`."""
     tasks = prepare_data.write(prepare_data.build(prepare_data.D.data_dir()), out / "data", negatives=False)
     if not (out / "mote-base" / "config.json").exists():
-        run(["convert/upcycle.py", "--base", dense_path(), "--output", str(out / "mote-base")], out / "logs" / "upcycle.log")
+        run(["convert/upcycle.py", "--base", bundled_minilm_path(), "--output", str(out / "mote-base")], out / "logs" / "upcycle.log")
     if not (out / "ic-base" / "config.json").exists():
         save_dense_with_prompts(out / "mote-base", out / "ic-base")
     return tasks
@@ -144,19 +140,24 @@ def report(results: dict[str, dict[int, dict]], task_names: list[str], reference
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, runs: dict[str, dict[int, str]], task_names: list[str]) -> str:
-    """report.md from the result files that exist (`runs`: model -> seed -> result name)."""
+def write_report(out: Path, results: dict[str, dict[int, dict]], task_names: list[str]) -> str:
+    """`report(results)` written to `out/report.md` and printed."""
+    text = report(results, task_names)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text(text)
+    print(text, flush=True)
+    return text
+
+
+def saved_results(out: Path, runs: dict[str, dict[int, str]]) -> dict[str, dict[int, dict]]:
+    """The scores in `out/results/` that exist (`runs`: model -> seed -> result name)."""
     results = {}
     for model, names in runs.items():
         found = {seed: json.loads(path.read_text()) for seed, name in names.items()
                  if (path := out / "results" / f"{name}.json").exists()}  # fmt: skip
         if found:
             results[model] = found
-    text = report(results, task_names)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text(text)
-    print(text, flush=True)
-    return text
+    return results
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -179,19 +180,17 @@ def main(argv: list[str] | None = None) -> str:
         parser.error(str(error))
     out = Path(args.output).resolve()
     if args.report_only:
-        return write_report(out, {"base (no prompts)": {None: "base"}, **{v: {s: f"{v}-s{s}" for s in seeds} for v in variants}},
-                            task_names)  # fmt: skip
+        runs = {"base (no prompts)": {None: "base"}, **{v: {s: f"{v}-s{s}" for s in seeds} for v in variants}}
+        return write_report(out, saved_results(out, runs), task_names)
     tasks = prepare(out)
-    results = {"base (no prompts)": {None: evaluate(out, "base", dense_path(), ",".join(task_names))}}
+    results = {"base (no prompts)": {None: evaluate(out, "base", bundled_minilm_path(), ",".join(task_names))}}
     for seed in seeds:  # seed by seed, so a partial run already compares every variant
         for variant in variants:
             name = f"{variant}-s{seed}"
             # a run whose scores exist is not trained again (results/ may come from an earlier machine)
             folder = out / "runs" / name if (out / "results" / f"{name}.json").exists() else train(out, variant, seed, tasks)
             results.setdefault(variant, {})[seed] = evaluate(out, name, str(folder), ",".join(task_names))
-        text = report(results, task_names)
-        (out / "report.md").write_text(text)
-        print(text, flush=True)
+        text = write_report(out, results, task_names)
     return text
 
 

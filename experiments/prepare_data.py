@@ -22,7 +22,6 @@ Sizes are capped per dataset (`CAPS`, 4,100 rows in all) so that one epoch takes
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluation import data as D
+from training.data_tools import write_rows
 
 CAPS = {"scifact": 600, "snli": 600, "trecqa": 200, "banking77": 500, "emotion": 500, "amazon_counterfactual": 500,
         "trec": 600, "paraphrases": 600}  # fmt: skip
@@ -98,9 +98,7 @@ def write(datasets: dict[str, list[dict]], output: Path, negatives: bool = True)
         if not negatives:
             rows = [{"anchor": row["anchor"], "positive": row["positive"]} for row in rows]
         path = output / f"{name}.jsonl"
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-        tmp.replace(path)
+        write_rows(path, rows, overwrite=True)
         tasks.setdefault(TASK_OF[name], []).append({"name": name, "path": str(path.resolve())})
     return tasks
 

@@ -50,10 +50,14 @@ def read_pairs(path: Path) -> list[dict]:
     return rows
 
 
-def write_rows(path: Path, rows: list[dict], overwrite: bool) -> None:
-    """Write JSONL atomically; refuse an existing file without `overwrite`."""
+def refuse_existing(path: Path, overwrite: bool) -> None:
     if path.exists() and not overwrite:
         raise DataToolError(f"{path} already exists; pass --overwrite to replace it")
+
+
+def write_rows(path: Path, rows: list[dict], overwrite: bool) -> None:
+    """Write JSONL atomically; refuse an existing file without `overwrite`."""
+    refuse_existing(path, overwrite)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
     tmp.replace(path)
@@ -115,8 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = read_pairs(Path(args.input))
         output = Path(args.output)
-        if output.exists() and not args.overwrite:
-            raise DataToolError(f"{output} already exists; pass --overwrite to replace it")
+        refuse_existing(output, args.overwrite)  # before loading the model
         from sentence_transformers import SentenceTransformer
 
         model = SentenceTransformer(args.model, trust_remote_code=args.trust_remote_code)

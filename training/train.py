@@ -192,9 +192,8 @@ def train(config: dict, base: Path, trainer_cls=None):
     from datasets import DatasetDict
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainingArguments
 
-    from training.trainer import TaskAwareTrainer
-
     from training.sampler import TaskAwareBatchSampler, data_parallel_world_size
+    from training.trainer import TaskAwareTrainer
 
     model = SentenceTransformer(
         config["model"], trust_remote_code=bool(config.get("trust_remote_code")),
