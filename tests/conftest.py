@@ -131,7 +131,7 @@ def run_isolated(code: str, *args: str, timeout: int = 300) -> str:
         sys.path[:] = [p for p in sys.path if p not in ("", ".", _repo)]
         class _Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("modeling", "convert", "hub_cards", "training", "evaluation"):
+                if name.split(".")[0] in ("modeling", "convert", "hub_cards", "training", "evaluation", "experiments", "benchmarks"):
                     raise ImportError(f"{{name}} must not be importable here")
         sys.meta_path.insert(0, _Block())
         """
