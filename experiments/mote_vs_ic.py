@@ -140,9 +140,9 @@ def report(results: dict[str, dict[int, dict]], task_names: list[str], reference
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, results: dict[str, dict[int, dict]], task_names: list[str]) -> str:
+def write_report(out: Path, results: dict[str, dict[int, dict]], task_names: list[str], reference: str = "ic") -> str:
     """`report(results)` written to `out/report.md` and printed."""
-    text = report(results, task_names)
+    text = report(results, task_names, reference)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text)
     print(text, flush=True)
@@ -168,11 +168,14 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
     parser.add_argument("--report-only", action="store_true",
                         help="write report.md from the scores in OUTPUT/results only (nothing is trained or evaluated)")
+    parser.add_argument("--reference", default="ic", help="variant the per-seed differences are taken to (default ic)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not variants or set(variants) - set(VARIANTS):
         parser.error(f"--variants takes names from {','.join(VARIANTS)}, got {args.variants!r}")
+    if args.reference not in variants:
+        parser.error(f"--reference must be one of the variants ({','.join(variants)}), got {args.reference!r}")
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
         task_names = [task.name for task in parse_tasks(args.tasks)]
@@ -181,7 +184,7 @@ def main(argv: list[str] | None = None) -> str:
     out = Path(args.output).resolve()
     if args.report_only:
         runs = {"base (no prompts)": {None: "base"}, **{v: {s: f"{v}-s{s}" for s in seeds} for v in variants}}
-        return write_report(out, saved_results(out, runs), task_names)
+        return write_report(out, saved_results(out, runs), task_names, args.reference)
     tasks = prepare(out)
     results = {"base (no prompts)": {None: evaluate(out, "base", bundled_minilm_path(), ",".join(task_names))}}
     for seed in seeds:  # seed by seed, so a partial run already compares every variant
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> str:
             # a run whose scores exist is not trained again (results/ may come from an earlier machine)
             folder = out / "runs" / name if (out / "results" / f"{name}.json").exists() else train(out, variant, seed, tasks)
             results.setdefault(variant, {})[seed] = evaluate(out, name, str(folder), ",".join(task_names))
-        text = write_report(out, results, task_names)
+        text = write_report(out, results, task_names, args.reference)
     return text
 
 

@@ -103,3 +103,21 @@ def test_report_only_reads_the_result_files_that_exist(tmp_path, capsys):
     rows = text.strip().splitlines()[2:]
     assert rows == ["| base (no prompts) | 80.00 | 80.00 | 80.00 | 1 |", "| ic | 79.00 | 79.00 | 79.00 | 1 |",
                     "| mote | 82.00 ± 1.41 | 82.00 ± 1.41 | 82.00 ± 1.41 | 2 |"]  # no EA scores: no row
+
+
+def test_report_reference_variant(tmp_path, capsys):
+    from experiments.mote_vs_ic import main
+
+    (tmp_path / "results").mkdir()
+    for name, score in [("ic-s0", 70.0), ("mote-s0", 72.0), ("mote-s1", 71.0), ("static-s0", 75.0), ("static-s1", 70.0)]:
+        (tmp_path / "results" / f"{name}.json").write_text(json.dumps({"STSBenchmark": {"main_score": score}}))
+    text = main(["--output", str(tmp_path), "--report-only", "--tasks", "STSBenchmark", "--seeds", "0,1",
+                 "--reference", "mote"])  # fmt: skip
+    lines = text.strip().splitlines()
+    assert "Difference to mote, same seed:" in lines
+    # seed 0: 75 - 72 = +3, seed 1: 70 - 71 = -1 (IC has only seed 0: +70 - 72 = -2)
+    assert lines[-2] == "| ic − mote | -2.00 | -2.00 | -2.00 | 1 |"
+    assert lines[-1] == "| static − mote | +1.00 ± 2.83 | +1.00 ± 2.83 | +1.00 ± 2.83 | 2 |"
+    with pytest.raises(SystemExit):
+        main(["--output", str(tmp_path), "--report-only", "--variants", "ic,mote", "--reference", "static"])
+    assert "--reference must be one of the variants (ic,mote)" in capsys.readouterr().err
