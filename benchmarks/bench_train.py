@@ -28,6 +28,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from moe_embed_cli import UsageError
+
 TASK_STEPS = [("retrieval", "query", "document", 0.03), ("classification", "classification", "classification", 0.03),
               ("clustering", "clustering", "clustering", 0.06)]  # fmt: skip
 
@@ -39,7 +41,7 @@ def load_rows(pairs: str | None, limit: int = 4096) -> list[dict]:
     path = Path(pairs) if pairs else D.data_dir() / "training_pairs/snli_devtest_triplets.jsonl"
     rows = D.read_jsonl(path)[:limit]
     if not rows or any(not {"anchor", "positive", "negative"} <= set(row) for row in rows):
-        raise D.DataError(f"{path}: expected JSONL rows with anchor, positive and negative")
+        raise UsageError(f"{path}: expected JSONL rows with anchor, positive and negative")
     return rows
 
 
@@ -113,11 +115,9 @@ def main(argv: list[str] | None = None) -> None:
         return worker(args.worker[0], json.loads(args.worker[1]))
     if min(args.batch_size, args.seq_len, args.steps, args.repeats) < 1:
         parser.error("--batch-size, --seq-len, --steps and --repeats must be positive")
-    from evaluation import data as D
-
     try:
         rows = load_rows(args.pairs)
-    except D.DataError as error:
+    except UsageError as error:
         parser.error(str(error))
 
     from convert.upcycle import main as upcycle, save_dense_with_prompts

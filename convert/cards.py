@@ -4,10 +4,10 @@ same way."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from convert.checkpoint import HUB_CARDS_DIR, read_json
+from convert.layout import parse_moe_key, parse_mote_key
 
 TEMPLATES = {"mote_bert": "mote.md", "moe_bert": "moe.md"}  # anything else: a dense export, dense.md
 PLACEHOLDER_OWNER = "your-name"
@@ -46,16 +46,17 @@ def parameter_counts(config: dict, shapes: dict) -> tuple[int, int]:
     """(total, active per token) parameter counts of a folder's weights."""
     total = sum(_numel(s) for s in shapes.values())
     if config.get("model_type") == "mote_bert":
-        experts = [k for k in shapes if re.match(r"encoder\.layer\.\d+\.experts\.", k)]
-        per_layer_experts = {}
-        for key in experts:
-            layer, expert = re.match(r"encoder\.layer\.(\d+)\.experts\.(\d+)\.", key).groups()
-            per_layer_experts.setdefault(layer, {}).setdefault(expert, 0)
-            per_layer_experts[layer][expert] += _numel(shapes[key])
+        per_layer_experts: dict[int, dict[int, int]] = {}  # layer -> expert -> parameters
+        for key, shape in shapes.items():
+            parsed = parse_mote_key(key)
+            if parsed is not None:
+                layer, expert, _ = parsed
+                experts = per_layer_experts.setdefault(layer, {})
+                experts[expert] = experts.get(expert, 0) + _numel(shape)
         inactive = sum(sum(sizes.values()) - max(sizes.values()) for sizes in per_layer_experts.values())
         return total, total - inactive
     if config.get("model_type") == "moe_bert":
-        stacked = sum(_numel(s) for k, s in shapes.items() if ".mlp.experts." in k)
+        stacked = sum(_numel(s) for k, s in shapes.items() if (parse_moe_key(k) or (0, None))[1] is not None)
         unused = config["num_local_experts"] - config["num_experts_per_tok"]
         return total, total - stacked * unused // config["num_local_experts"]
     return total, total

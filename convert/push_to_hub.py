@@ -24,7 +24,8 @@ if __package__ in (None, ""):  # run as `python convert/push_to_hub.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from convert.cards import PLACEHOLDER_OWNER, build_card
-from convert.checkpoint import ConversionError, read_json, run_cli
+from convert.checkpoint import read_json
+from moe_embed_cli import UsageError, run_cli
 
 logger = logging.getLogger("push_to_hub")
 
@@ -65,18 +66,18 @@ def files_to_upload(folder: Path) -> list[Path]:
 
 
 def validate(folder: Path) -> None:
-    """Load the folder in a fresh process and run a forward pass; ConversionError if it fails."""
+    """Load the folder in a fresh process and run a forward pass; UsageError if it fails."""
     if not (folder / "config.json").is_file():
-        raise ConversionError(f"{folder} is not a model folder (no config.json)")
+        raise UsageError(f"{folder} is not a model folder (no config.json)")
     if not list(folder.glob("*.safetensors")):
-        raise ConversionError(f"{folder} has no *.safetensors weights")
+        raise UsageError(f"{folder} has no *.safetensors weights")
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
         [sys.executable, "-c", VALIDATE, str(folder.resolve())], env=env, capture_output=True, text=True, cwd="/"
     )
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ConversionError(f"{folder} failed validation (load and forward pass in a fresh process): {last}")
+        raise UsageError(f"{folder} failed validation (load and forward pass in a fresh process): {last}")
 
 
 def refreshed_card(folder: Path, repo_id: str) -> str:
@@ -104,9 +105,9 @@ def push(args) -> str:
 
     folder = Path(args.model_dir)
     if not folder.is_dir():
-        raise ConversionError(f"{folder} is not a folder")
+        raise UsageError(f"{folder} is not a folder")
     if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
-        raise ConversionError(f"--repo-id must look like OWNER/NAME, got {args.repo_id!r}")
+        raise UsageError(f"--repo-id must look like OWNER/NAME, got {args.repo_id!r}")
     logger.info("validating %s", folder)
     validate(folder)
     operations = [
@@ -124,7 +125,7 @@ def push(args) -> str:
             args.repo_id, operations=operations, commit_message=args.commit_message, revision=args.revision
         )
     except Exception as error:  # HTTP and auth errors: report the message, never the token
-        raise ConversionError(f"upload to {args.repo_id} failed: {type(error).__name__}: {str(error).splitlines()[0]}") from None
+        raise UsageError(f"upload to {args.repo_id} failed: {type(error).__name__}: {str(error).splitlines()[0]}") from None
     logger.info("uploaded %d files to %s: %s", len(operations), args.repo_id, commit.commit_url)
     return commit.commit_url
 

@@ -27,35 +27,28 @@ from tqdm.auto import tqdm
 
 from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
 from convert.checkpoint import (
-    ConversionError,
     atomic_output_dir,
+    check_shard_size,
     copy_modeling_files,
     copy_tokenizer_files,
     encoder_config_kwargs,
+    load_tokenizer,
     map_state_dict,
     parse_dtype,
-    read_json,
-    check_shard_size,
-    load_tokenizer,
     read_dense_checkpoint,
+    read_json,
     refuse_overlap,
     resolve_source,
-    run_cli,
     write_sentence_transformers_files,
 )
+from convert.layout import moe_router_key, moe_stacked_key, mote_expert_key, mote_key
 from modeling.configuration_moe import MoeBertConfig
 from modeling.configuration_mote import DEFAULT_TASK_PREFIXES, MoteBertConfig
 from modeling.modeling_moe import MoeBertModel
 from modeling.modeling_mote import MoteBertModel
+from moe_embed_cli import UsageError, run_cli
 
 logger = logging.getLogger("upcycle")
-
-# Dense keys of layer N that become expert keys in a MoTE layer (expert = these four modules).
-_MOTE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.(attention\.output\.LayerNorm|intermediate|output)\.(.+)$")
-# Dense feed-forward projections of layer N that become stacked experts in a token-routed MoE layer.
-_MOE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.(intermediate|output)\.dense\.(weight|bias)$")
-_MOE_TARGET = {("intermediate", "weight"): "up_proj", ("intermediate", "bias"): "up_proj_bias",
-               ("output", "weight"): "down_proj", ("output", "bias"): "down_proj_bias"}  # fmt: skip
 
 
 @dataclass
@@ -76,20 +69,20 @@ def parse_tasks(specs: list[str]) -> dict[str, str]:
         name = name.strip()
         if not sep:
             if name not in DEFAULT_TASK_PREFIXES:
-                raise ConversionError(
+                raise UsageError(
                     f"task {name!r} needs a prefix: write {name}='{name}: ' (known defaults: "
                     f"{', '.join(DEFAULT_TASK_PREFIXES)})"
                 )
             prefix = DEFAULT_TASK_PREFIXES[name]
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise ConversionError(f"task name {name!r} must be an identifier (letters, digits, underscores)")
+            raise UsageError(f"task name {name!r} must be an identifier (letters, digits, underscores)")
         if not prefix.strip():
-            raise ConversionError(f"task {name!r} has an empty prefix; routing by prefix needs text")
+            raise UsageError(f"task {name!r} has an empty prefix; routing by prefix needs text")
         if name in tasks:
-            raise ConversionError(f"task {name!r} is given twice")
+            raise UsageError(f"task {name!r} is given twice")
         tasks[name] = prefix
     if not tasks:
-        raise ConversionError("--tasks needs at least one task")
+        raise UsageError("--tasks needs at least one task")
     return tasks
 
 
@@ -111,7 +104,7 @@ def prefix_token_ids(tokenizer, prefix: str) -> list[int]:
     while leading < len(bare) and leading < len(common) and bare[leading] == common[leading] and bare[leading] in tokenizer.all_special_ids:
         leading += 1
     if len(common) <= leading:
-        raise ConversionError(f"prefix {prefix!r} produces no tokens of its own with this tokenizer")
+        raise UsageError(f"prefix {prefix!r} produces no tokens of its own with this tokenizer")
     return common
 
 
@@ -119,13 +112,12 @@ def mote_rename(expert_layers: set[int], num_tasks: int):
     """Dense key -> MoTE keys: expert parts of expert layers go to every expert, the rest is shared."""
 
     def rename(key: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        match = _MOTE_EXPERT_KEY.match(key)
-        if match is None or int(match.group(1)) not in expert_layers:
+        expert_key = mote_expert_key(key)
+        if expert_key is None or expert_key[0] not in expert_layers:
             return [(key, tensor)]
-        layer, part, rest = match.groups()
-        part = "attention_LayerNorm" if part == "attention.output.LayerNorm" else part
+        layer, inner = expert_key
         # Each expert gets its own copy: tensors must not share memory in safetensors.
-        return [(f"encoder.layer.{layer}.experts.{e}.{part}.{rest}", tensor.clone()) for e in range(num_tasks)]
+        return [(mote_key(layer, e, inner), tensor.clone()) for e in range(num_tasks)]
 
     return rename
 
@@ -134,14 +126,13 @@ def moe_rename(moe_layers: set[int], num_experts: int, noise_std: float, generat
     """Dense key -> token-routed MoE keys: FFN projections of MoE layers are stacked once per expert."""
 
     def rename(key: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        match = _MOE_EXPERT_KEY.match(key)
-        if match is None or int(match.group(1)) not in moe_layers:
+        stacked_key = moe_stacked_key(key)
+        if stacked_key is None or stacked_key[0] not in moe_layers:
             return [(key, tensor)]
-        layer, part, kind = match.groups()
         stacked = tensor.unsqueeze(0).repeat(num_experts, *([1] * tensor.dim()))
-        if noise_std > 0 and kind == "weight":
+        if noise_std > 0 and key.endswith(".weight"):
             stacked = stacked + noise_std * torch.randn(stacked.shape, generator=generator)
-        return [(f"encoder.layer.{layer}.mlp.experts.{_MOE_TARGET[part, kind]}", stacked)]
+        return [(stacked_key[1], stacked)]
 
     return rename
 
@@ -161,7 +152,7 @@ def _config(config_cls, **kwargs):
     try:
         return config_cls(**kwargs)
     except ValueError as error:
-        raise ConversionError(str(error)) from None
+        raise UsageError(str(error)) from None
 
 
 def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
@@ -171,7 +162,7 @@ def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycl
     seen = {}
     for name, ids in prefix_ids.items():
         if tuple(ids) in seen:
-            raise ConversionError(f"tasks {seen[tuple(ids)]!r} and {name!r} have prefixes that tokenize identically")
+            raise UsageError(f"tasks {seen[tuple(ids)]!r} and {name!r} have prefixes that tokenize identically")
         seen[tuple(ids)] = name
     config = _config(
         MoteBertConfig, **encoder_config_kwargs(dense_config, dense_state), tasks=list(tasks), task_prefixes=tasks,
@@ -194,12 +185,12 @@ def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycle
         router_jitter_noise=args.router_jitter_noise,
     )  # fmt: skip
     if args.expert_noise < 0:
-        raise ConversionError(f"--expert-noise must be >= 0, got {args.expert_noise}")
+        raise UsageError(f"--expert-noise must be >= 0, got {args.expert_noise}")
     generator = torch.Generator().manual_seed(args.seed)
     routers = {}
     for layer in config.moe_layers:
         shape = (config.num_local_experts, config.hidden_size)
-        routers[f"encoder.layer.{layer}.mlp.router.weight"] = (
+        routers[moe_router_key(layer)] = (
             torch.zeros(shape) if args.router_init == "zeros"
             else config.initializer_range * torch.randn(shape, generator=generator)
         )  # fmt: skip
@@ -224,7 +215,7 @@ def save_dense_with_prompts(expert_model: str | Path, output: str | Path, base: 
     path = Path(expert_model) / "config_sentence_transformers.json"
     prompts = read_json(path).get("prompts")
     if not prompts:
-        raise ConversionError(f"expected an expert model folder with prompts in {path}")
+        raise UsageError(f"expected an expert model folder with prompts in {path}")
     SentenceTransformer(str(resolve_source(None if base is None else str(base))), prompts=prompts).save(str(output))
 
 
@@ -273,7 +264,7 @@ def refuse_flags_of_other_architectures(args) -> None:
             continue
         given = [f"--{o.replace('_', '-')}" for o in options if getattr(args, o) != defaults[o]]
         if given:
-            raise ConversionError(f"{', '.join(given)} only apply to --arch {arch} (this run is --arch {args.arch})")
+            raise UsageError(f"{', '.join(given)} only apply to --arch {arch} (this run is --arch {args.arch})")
 DEFAULT_OUTPUTS = {"mote": "models/mote-minilm", "moe": "models/moe-minilm"}
 
 
@@ -287,7 +278,7 @@ def upcycle(args) -> Path:
     dtype = parse_dtype(args.dtype)
     refuse_overlap(source, output)
     if output.exists() and not args.overwrite:  # refuse before any work
-        raise ConversionError(f"{output.resolve()} already exists; pass --overwrite to replace it")
+        raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
     logger.info("reading dense checkpoint %s", source)
     dense_config, dense_state = read_dense_checkpoint(source)
     tokenizer = load_tokenizer(source)
@@ -301,7 +292,7 @@ def upcycle(args) -> Path:
         worst = verify_against_dense(upcycled.model, tokenizer, source, dense_state, upcycled.prompts)
         logger.info("max |upcycled - dense| over all prompts: %.2e", worst)
         if worst > 1e-4:
-            raise ConversionError(f"upcycled model differs from the dense model by {worst:.2e} (> 1e-4)")
+            raise UsageError(f"upcycled model differs from the dense model by {worst:.2e} (> 1e-4)")
     model = upcycled.model.to(dtype)
     with atomic_output_dir(output, args.overwrite) as tmp:
         type(model.config).register_for_auto_class()

@@ -8,18 +8,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from moe_embed_cli import UsageError
+
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
-
-
-class DataError(Exception):
-    """Missing or malformed evaluation data; reported as one line."""
 
 
 def data_dir(override: str | None = None) -> Path:
     """`--data-dir`, else `$MOE_EMBED_DATA`, else `../shared/data` beside the repository."""
     path = Path(override or os.environ.get("MOE_EMBED_DATA") or DEFAULT_DATA_DIR)
     if not path.is_dir():
-        raise DataError(f"evaluation data folder {path} not found; pass --data-dir or set MOE_EMBED_DATA")
+        raise UsageError(f"evaluation data folder {path} not found; pass --data-dir or set MOE_EMBED_DATA")
     return path
 
 
@@ -29,7 +27,7 @@ def read_tsv(path: Path) -> list[dict[str, str]]:
         with open(path, encoding="utf-8", newline="") as handle:
             return list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
     except FileNotFoundError:
-        raise DataError(f"missing data file {path}") from None
+        raise UsageError(f"missing data file {path}") from None
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -38,7 +36,7 @@ def read_jsonl(path: Path) -> list[dict]:
         with open(path, encoding="utf-8") as handle:
             return [json.loads(line) for line in handle if line.strip()]
     except FileNotFoundError:
-        raise DataError(f"missing data file {path}") from None
+        raise UsageError(f"missing data file {path}") from None
 
 
 @dataclass

@@ -28,6 +28,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluation import data as D
+from moe_embed_cli import UsageError, run_cli
 
 TASKS = ("query", "document", "classification", "clustering")
 LABELS = {"query": "search query", "document": "search document", "classification": "classification",
@@ -35,10 +36,10 @@ LABELS = {"query": "search query", "document": "search document", "classificatio
 
 
 def task_embeddings(model, texts: list[str], batch_size: int = 32) -> dict[str, np.ndarray]:
-    """Unit-normalised embeddings of `texts` under each task's prompt; a DataError if a prompt is missing."""
+    """Unit-normalised embeddings of `texts` under each task's prompt; a UsageError if a prompt is missing."""
     missing = [task for task in TASKS if task not in (model.prompts or {})]
     if missing:
-        raise D.DataError(f"the model defines no prompt for {missing}; expected prompts named {', '.join(TASKS)}")
+        raise UsageError(f"the model defines no prompt for {missing}; expected prompts named {', '.join(TASKS)}")
     return {task: model.encode(texts, prompt_name=task, batch_size=batch_size, normalize_embeddings=True,
                                convert_to_numpy=True, show_progress_bar=False) for task in TASKS}  # fmt: skip
 
@@ -115,27 +116,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--data-dir", default=None, help="shared data folder (default: ../shared/data)")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the models' own code (MoTE)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     names = args.names.split(",") if args.names else [Path(m).name or m for m in args.models]
-    try:
-        if len(names) != 2 or len(set(names)) != 2:
-            raise D.DataError(f"--names takes two different comma-separated names, got {args.names!r}")
-        if args.texts:
-            try:
-                texts = [line.strip() for line in Path(args.texts).read_text(encoding="utf-8").splitlines() if line.strip()]
-            except FileNotFoundError:
-                raise D.DataError(f"texts file {args.texts} not found") from None
-        else:
-            texts = default_texts(D.data_dir(args.data_dir), args.count, args.seed)
-        if len(texts) < 3:
-            raise D.DataError(f"need at least 3 texts for the t-tests, got {len(texts)}")
-        from sentence_transformers import SentenceTransformer
+    if len(names) != 2 or len(set(names)) != 2:
+        raise UsageError(f"--names takes two different comma-separated names, got {args.names!r}")
+    if args.texts:
+        try:
+            texts = [line.strip() for line in Path(args.texts).read_text(encoding="utf-8").splitlines() if line.strip()]
+        except FileNotFoundError:
+            raise UsageError(f"texts file {args.texts} not found") from None
+    else:
+        texts = default_texts(D.data_dir(args.data_dir), args.count, args.seed)
+    if len(texts) < 3:
+        raise UsageError(f"need at least 3 texts for the t-tests, got {len(texts)}")
+    from sentence_transformers import SentenceTransformer
 
-        models = [SentenceTransformer(m, trust_remote_code=args.trust_remote_code) for m in args.models]
-        similarities = [pair_similarities(task_embeddings(model, texts)) for model in models]
-    except D.DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    models = [SentenceTransformer(m, trust_remote_code=args.trust_remote_code) for m in args.models]
+    similarities = [pair_similarities(task_embeddings(model, texts)) for model in models]
     rows = compare(similarities, names)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -151,4 +147,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -27,6 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluation import data as D
+from moe_embed_cli import UsageError, run_cli
 from evaluation.metrics import classification_accuracy, clustering_v_measure, undersample_draws
 
 logger = logging.getLogger("evaluation")
@@ -133,14 +134,14 @@ def evaluate(model, task: Task, root: Path, batch_size: int = 64, seed: int = 42
     raise ValueError(f"unknown task type {task.type!r}")
 
 
-def parse_tasks(spec: str) -> list[Task]:
+def select_tasks(spec: str) -> list[Task]:
     """Comma-separated task names (or `all`) to tasks; a clear error for unknown names."""
     if spec.strip() == "all":
         return list(TASKS.values())
     names = [name.strip() for name in spec.split(",") if name.strip()]
     unknown = [name for name in names if name not in TASKS]
     if unknown or not names:
-        raise D.DataError(f"unknown tasks {unknown or spec!r}; expected comma-separated names from: {', '.join(TASKS)}")
+        raise UsageError(f"unknown tasks {unknown or spec!r}; expected comma-separated names from: {', '.join(TASKS)}")
     return [TASKS[name] for name in names]
 
 
@@ -154,13 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=42, help="seed of the classification and clustering protocols")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model folder's own code (MoTE, MoE)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        tasks = parse_tasks(args.tasks)
-        root = D.data_dir(args.data_dir)
-    except D.DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    tasks = select_tasks(args.tasks)
+    root = D.data_dir(args.data_dir)
 
     from sentence_transformers import SentenceTransformer
 
@@ -168,11 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for task in tasks:
         logger.info("evaluating %s", task.name)
-        try:
-            score = evaluate(model, task, root, args.batch_size, args.seed)
-        except D.DataError as error:
-            print(f"error: {error}", file=sys.stderr)
-            raise SystemExit(2) from None
+        score = evaluate(model, task, root, args.batch_size, args.seed)
         results[task.name] = {"main_score": round(score, 4), "metric": task.metric}
         logger.info("%s: %.2f (%s)", task.name, score, task.metric)
     print("| task | type | metric | score |\n|---|---|---|---:|")
@@ -184,4 +176,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -37,8 +37,9 @@ if __package__ in (None, ""):
 
 from convert.checkpoint import bundled_minilm_path
 from convert.upcycle import save_dense_with_prompts
-from evaluation.run import TASKS, parse_tasks
+from evaluation.run import TASKS, select_tasks
 from experiments import prepare_data
+from moe_embed_cli import UsageError, run_cli
 
 logger = logging.getLogger("experiment")
 REPO = Path(__file__).resolve().parent.parent
@@ -170,7 +171,6 @@ def main(argv: list[str] | None = None) -> str:
                         help="write report.md from the scores in OUTPUT/results only (nothing is trained or evaluated)")
     parser.add_argument("--reference", default="ic", help="variant the per-seed differences are taken to (default ic)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not variants or set(variants) - set(VARIANTS):
         parser.error(f"--variants takes names from {','.join(VARIANTS)}, got {args.variants!r}")
@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> str:
         parser.error(f"--reference must be one of the variants ({','.join(variants)}), got {args.reference!r}")
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
-        task_names = [task.name for task in parse_tasks(args.tasks)]
-    except (ValueError, prepare_data.D.DataError) as error:
+        task_names = [task.name for task in select_tasks(args.tasks)]
+    except (ValueError, UsageError) as error:
         parser.error(str(error))
     out = Path(args.output).resolve()
     if args.report_only:
@@ -198,4 +198,4 @@ def main(argv: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -30,6 +30,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluation import data as D
+from moe_embed_cli import run_cli
 from training.data_tools import write_rows
 
 CAPS = {"scifact": 600, "snli": 600, "trecqa": 200, "banking77": 500, "emotion": 500, "amazon_counterfactual": 500,
@@ -110,11 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     parser.add_argument("--no-negatives", action="store_true", help="write (anchor, positive) pairs only")
     args = parser.parse_args(argv)
-    try:
-        datasets = build(D.data_dir(args.data_dir), args.seed)
-    except D.DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    datasets = build(D.data_dir(args.data_dir), args.seed)
     tasks = write(datasets, Path(args.output), negatives=not args.no_negatives)
     for name, rows in datasets.items():
         print(f"{TASK_OF[name]:>14}  {name:<22} {len(rows):>5} rows")
@@ -122,4 +119,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -149,7 +149,7 @@ def run_isolated(code: str, *args: str, timeout: int = 300) -> str:
 
 def run_main(main, *args: str, capsys) -> tuple[int, str]:
     """Run a converter's `main` in this process (fast) as its command line would; (exit code, stderr)."""
-    from convert.checkpoint import run_cli
+    from moe_embed_cli import run_cli
 
     try:
         run_cli(main, list(args))

@@ -2,9 +2,12 @@
 
 import json
 
+import numpy as np
 import pytest
+import torch
 from sentence_transformers import SentenceTransformer
 
+from moe_embed_cli import run_cli
 from training.data_tools import consistency_filter, main, mine
 
 PAIRS = [
@@ -44,14 +47,48 @@ def test_mined_negative_is_the_best_candidate_under_the_margin(minilm, margin):
     assert any(scores[i, j] >= 0.8 * scores[i, i] for i in range(len(docs)) for j in range(len(docs)) if i != j)
 
 
+class FixedEmbeddings:
+    """A stand-in model whose embeddings are exact, so scores and their ties are known in advance."""
+
+    prompts: dict = {}
+
+    def __init__(self, vectors: dict[str, list[float]]):
+        self.vectors = vectors
+
+    def encode(self, texts, **kwargs):
+        return torch.nn.functional.normalize(torch.tensor([self.vectors[t] for t in texts]), dim=-1)
+
+
+def test_consistency_filter_rank_counts_distinct_positives_and_ties_are_not_above():
+    model = FixedEmbeddings({
+        "q1": [1.0, 0.0, 0.0], "q2": [1.0, 0.0, 0.0], "q3": [0.0, 1.0, 0.0],
+        "shared answer": [1.0, 0.0, 0.0], "other": [0.6, 0.8, 0.0], "far": [0.0, 0.0, 1.0],
+    })  # fmt: skip
+    rows = [
+        {"anchor": "q1", "positive": "shared answer"},  # q1 and q2 share a positive: a tie, not a rank above
+        {"anchor": "q2", "positive": "shared answer"},
+        {"anchor": "q3", "positive": "far"},  # "other" (0.8) is above; "shared answer" (0.0) ties with "far" (0.0)
+        {"anchor": "q3", "positive": "other"},  # q3's best positive
+    ]
+    assert consistency_filter(rows, model, top_k=1, batch_size=2) == [rows[0], rows[1], rows[3]]
+    assert consistency_filter(rows, model, top_k=2, batch_size=2) == rows
+    # A duplicated row counts once: rank is over distinct texts, so duplicating "other" changes nothing.
+    assert consistency_filter(rows + [rows[3]], model, top_k=1, batch_size=3) == [rows[0], rows[1], rows[3], rows[3]]
+
+
 @pytest.mark.parametrize("top_k", [1, 2, 3])
 def test_consistency_filter_keeps_pairs_whose_positive_ranks_in_the_top_k(minilm, top_k):
     noisy = PAIRS + [{"anchor": "capital of france", "positive": "Everest is a mountain in Nepal."},
                      {"anchor": "what do cats eat", "positive": "Dogs eat meat and kibble."}]  # fmt: skip
-    docs = [p["positive"] for p in noisy]
+    docs = list(dict.fromkeys(p["positive"] for p in noisy))  # "Dogs eat meat and kibble." appears twice
     scores = _scores(minilm, [p["anchor"] for p in noisy], docs)
-    expected = [row for i, row in enumerate(noisy) if (scores[i] > scores[i, i]).sum() < top_k]
-    assert consistency_filter(noisy, minilm, top_k=top_k, batch_size=8) == expected
+    own = np.array([scores[i, docs.index(p["positive"])] for i, p in enumerate(noisy)])
+    # No decision of this fixture is knife-edge, so float noise from batch composition cannot flip it.
+    gaps = [abs(scores[i, j] - own[i]) for i, p in enumerate(noisy) for j, d in enumerate(docs) if d != p["positive"]]
+    assert min(gaps) > 1e-3
+    expected = [row for i, row in enumerate(noisy) if (scores[i] > own[i]).sum() < top_k]
+    for batch_size in (1, 8):
+        assert consistency_filter(noisy, minilm, top_k=top_k, batch_size=batch_size) == expected
     assert noisy[-1] not in expected or top_k > 1
 
 
@@ -69,5 +106,5 @@ def test_cli_and_bad_input(dense_path, tmp_path, capsys):
         (["filter", str(source)], "already exists; pass --overwrite"),
     ]:
         with pytest.raises(SystemExit) as exit_:
-            main([*args, "--model", dense_path, "--output", str(out)])
+            run_cli(main, [*args, "--model", dense_path, "--output", str(out)])
         assert exit_.value.code == 2 and message in capsys.readouterr().err

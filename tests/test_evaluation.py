@@ -14,6 +14,7 @@ from evaluation import data as D
 from evaluation.metrics import classification_accuracy, clustering_v_measure, ndcg_at_k, undersample, undersample_draws
 from evaluation.run import TASKS, evaluate
 from evaluation.run import main as run_main
+from moe_embed_cli import run_cli
 
 SENTENCES = [
     ("A man is playing a guitar.", "A person plays an instrument.", 4.2),
@@ -117,10 +118,10 @@ def test_cli_writes_results_and_refuses_bad_input(dense_path, data_root, tmp_pat
     assert results["STSBenchmark"]["metric"] == "cosine_spearman" and 0 <= results["Banking77Classification"]["main_score"] <= 100
     assert "| STSBenchmark | sts | cosine_spearman |" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_:
-        run_main([dense_path, "--tasks", "STSBenchmark,NoSuchTask", "--data-dir", str(data_root)])
+        run_cli(run_main, [dense_path, "--tasks", "STSBenchmark,NoSuchTask", "--data-dir", str(data_root)])
     assert exit_.value.code == 2 and "unknown tasks ['NoSuchTask']" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
-        run_main([dense_path, "--tasks", "SICK-R", "--data-dir", str(data_root)])
+        run_cli(run_main, [dense_path, "--tasks", "SICK-R", "--data-dir", str(data_root)])
     assert exit_.value.code == 2 and "missing data file" in capsys.readouterr().err
 
 

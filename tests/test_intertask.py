@@ -8,6 +8,7 @@ import pytest
 from conftest import save_trained_copy
 from convert.upcycle import save_dense_with_prompts
 from evaluation.intertask import TASKS, compare, main, pair_similarities, welch_less
+from moe_embed_cli import run_cli
 
 TEXTS = [
     "The cat sat on the mat.", "Protein folding is driven by hydrophobic interactions.", "How do I reset my card PIN?",
@@ -77,9 +78,9 @@ def test_cli_refuses_a_model_without_task_prompts(dense_path, ic_dir, tmp_path, 
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(TEXTS))
     with pytest.raises(SystemExit) as exit_:
-        main([dense_path, ic_dir, "--texts", str(texts), "--output-dir", str(tmp_path / "out")])
+        run_cli(main, [dense_path, ic_dir, "--texts", str(texts), "--output-dir", str(tmp_path / "out")])
     assert exit_.value.code == 2
     assert "defines no prompt for ['classification', 'clustering']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main([ic_dir, ic_dir, "--names", "same,same", "--texts", str(texts), "--output-dir", str(tmp_path / "out")])
+        run_cli(main, [ic_dir, ic_dir, "--names", "same,same", "--texts", str(texts), "--output-dir", str(tmp_path / "out")])
     assert "two different comma-separated names" in capsys.readouterr().err

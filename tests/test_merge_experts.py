@@ -109,7 +109,7 @@ def test_moe_expert_averaging(moe_dir, dense_path, tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--task", "legal"], "unknown task 'legal'"),
+        (["--task", "legal"], "Unknown task 'legal'. Valid tasks: 'query' (prefix 'search_query: ')"),
         (["--experts", "query,query"], "names a task twice"),
         (["--weights", "1,2"], "--weights has 2 values for 4 experts"),
         (["--task", "query", "--experts", "document"], "pass --task or --experts, not both"),

@@ -99,7 +99,7 @@ def test_folder_failing_validation_is_not_uploaded(tiny_mote_dir, tmp_path):
 
 
 def test_bad_repo_id_and_missing_weights(tiny_mote_dir, tmp_path, capsys):
-    from convert.checkpoint import run_cli
+    from moe_embed_cli import run_cli
     from convert.push_to_hub import main
 
     def run(*args):

@@ -7,7 +7,9 @@ import yaml
 from sentence_transformers import SentenceTransformer
 
 from training.tasks import TASK_TYPES
-from training.train import ConfigError, build_entries, load_config
+from moe_embed_cli import UsageError, run_cli
+from training.config import TrainingConfig, describe_options
+from training.train import build_entries, load_config
 from training.train import main as train_main
 
 
@@ -108,24 +110,58 @@ def test_cli_trains_and_saves_with_gradcache_and_matryoshka(workdir, mote_dir):
         ({"tasks": {"reranking": [{"path": "ret.jsonl"}]}}, "unknown task type 'reranking'"),
         ({"tasks": {"retrieval": [{"path": "missing.jsonl"}]}}, "missing.jsonl not found"),
         ({"tasks": {"retrieval": [{"path": "bad.jsonl"}]}}, "lacks `anchor` or `positive`"),
-        ({"model": None}, "must define `model` and `tasks`"),
+        ({"tasks": {"retrieval": [{"file": "ret.jsonl"}]}}, "unknown key 'file' in tasks.retrieval[0]"),
+        ({"tasks": {"retrieval": []}}, "task 'retrieval' lists no datasets"),
+        ({"model": None}, "model must be a string, got None"),
+        ({"learning_rat": 1e-4}, "unknown key 'learning_rat' in config; did you mean 'learning_rate'?"),
+        ({"batch_size": "32"}, "batch_size must be an integer, got '32'"),
+        ({"trust_remote_code": "yes"}, "trust_remote_code must be true or false"),
         ({"curriculum": "random"}, "unknown curriculum 'random'; expected one of task_aware, static"),
-        ({"curriculum": "static", "temperature": "hot"}, "temperature must be a positive number, got 'hot'"),
-        ({"loss": {"matryoshka": [64]}}, "`loss` takes the keys cached_mini_batch_size, matryoshka_dims"),
-        ({"loss": {"matryoshka_dims": [64, "x"]}}, "loss.matryoshka_dims must be a list of positive integers"),
+        ({"curriculum": "static", "temperature": "hot"}, "temperature must be a number, got 'hot'"),
+        ({"curriculum": "static", "temperature": 0}, "temperature must be a positive number, got 0.0"),
+        ({"loss": {"matryoshka": [64]}}, "unknown key 'matryoshka' in loss; did you mean 'matryoshka_dims'?"),
+        ({"loss": {"matryoshka_dims": [64, "x"]}}, "loss.matryoshka_dims[1] must be an integer, got 'x'"),
         ({"loss": {"cached_mini_batch_size": 0}}, "loss.cached_mini_batch_size must be a positive integer"),
     ],
 )
 def test_bad_configs_exit_2(workdir, mote_dir, capsys, change, message):
     _jsonl(workdir / "bad.jsonl", [{"anchor": "a", "answer": "b"}])
     with pytest.raises(SystemExit) as exit_:
-        train_main(["--config", str(_config(workdir, mote_dir, **change))])
+        run_cli(train_main, ["--config", str(_config(workdir, mote_dir, **change))])
     assert exit_.value.code == 2 and message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
-def test_missing_config_file(tmp_path):
-    with pytest.raises(ConfigError, match="not found"):
+def test_config_file_errors(tmp_path):
+    with pytest.raises(UsageError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(UsageError, match="config must define `model`, `tasks`"):
+        load_config(tmp_path / "empty.yaml")
+    (tmp_path / "list.yaml").write_text("- model\n")
+    with pytest.raises(UsageError, match="config must be a mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_config_values_are_typed_and_yaml_floats_without_a_dot_are_read(workdir, mote_dir):
+    config = load_config(_config(workdir, mote_dir, learning_rate="3e-5", epochs=2, loss={"matryoshka_dims": [64]}))
+    assert isinstance(config, TrainingConfig)
+    assert config.learning_rate == 3e-5 and config.epochs == 2.0 and isinstance(config.epochs, float)
+    assert config.loss.matryoshka_dims == [64] and config.loss.cached_mini_batch_size is None
+    assert [spec.path for spec in config.tasks["clustering"]] == ["para.jsonl", "para2.jsonl"]
+
+
+def test_help_lists_every_option_from_the_dataclass(capsys):
+    from dataclasses import fields
+
+    from training.config import LossConfig
+
+    with pytest.raises(SystemExit):
+        train_main(["--help"])
+    out = capsys.readouterr().out
+    assert out.count(describe_options()) == 1
+    for cls in (TrainingConfig, LossConfig):
+        for field in fields(cls):
+            assert f"{field.name}: " in out and field.metadata["help"] in out
 
 
 DISTRIBUTED_RUN = """

@@ -10,8 +10,9 @@ import torch
 from conftest import read_json, run_main, run_script
 from safetensors.torch import load_file, save_file
 
-from convert.checkpoint import ConversionError, map_state_dict
+from convert.checkpoint import map_state_dict
 from convert.upcycle import main as upcycle_main, save_dense_with_prompts
+from moe_embed_cli import UsageError
 
 
 def upcycle(capsys, *args) -> tuple[int, str]:
@@ -160,7 +161,7 @@ def test_missing_base_folder_and_help(tmp_path, capsys):
 
 
 def test_dense_with_prompts_needs_an_expert_folder(dense_path, tmp_path):
-    with pytest.raises(ConversionError, match="expected an expert model folder with prompts"):
+    with pytest.raises(UsageError, match="expected an expert model folder with prompts"):
         save_dense_with_prompts(dense_path, tmp_path / "ic")  # the dense folder has no task prompts
     assert not (tmp_path / "ic").exists()
 
@@ -168,14 +169,14 @@ def test_dense_with_prompts_needs_an_expert_folder(dense_path, tmp_path):
 def test_map_state_dict_fails_loudly():
     shapes = {"a": torch.Size([2]), "b": torch.Size([3])}
     same = lambda key, tensor: [(key, tensor)]  # noqa: E731
-    with pytest.raises(ConversionError, match="shape mismatch"):
+    with pytest.raises(UsageError, match="shape mismatch"):
         map_state_dict({"a": torch.zeros(2), "b": torch.zeros(4)}, shapes, same)
-    with pytest.raises(ConversionError, match="left unmapped"):
+    with pytest.raises(UsageError, match="left unmapped"):
         map_state_dict({"a": torch.zeros(2), "b": torch.zeros(3), "c": torch.zeros(1)}, shapes,
                        lambda k, t: [] if k == "c" else [(k, t)])  # fmt: skip
-    with pytest.raises(ConversionError, match="not filled"):
+    with pytest.raises(UsageError, match="not filled"):
         map_state_dict({"a": torch.zeros(2)}, shapes, same)
-    with pytest.raises(ConversionError, match="two checkpoint tensors map to b"):
+    with pytest.raises(UsageError, match="two checkpoint tensors map to b"):
         map_state_dict({"a": torch.zeros(2), "b": torch.zeros(3)}, shapes, same, new_tensors={"b": torch.zeros(3)})
     assert set(map_state_dict({"a": torch.zeros(2)}, shapes, same, new_tensors={"b": torch.ones(3)})) == {"a", "b"}
 

@@ -9,7 +9,8 @@ negative only if its score is below `margin` × the positive's score, which keep
 out. Done by `sentence_transformers.util.mine_hard_negatives` with `relative_margin = 1 - margin`.
 
 `filter`: consistency filtering (Nomic Embed, E5): a pair is kept only if its positive ranks in the
-top-k of all the dataset's positives for its anchor under a teacher model.
+top-k of the dataset's distinct positive texts for its anchor under a teacher model (an exact
+duplicate of its own positive ties with it and is not ranked above it).
 
 Models get `query`/`document` prompts when they define them.
 """
@@ -24,15 +25,13 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-class DataToolError(Exception):
-    """Bad input to a data tool; reported as one line with exit code 2."""
+from moe_embed_cli import UsageError, run_cli
 
 
 def read_pairs(path: Path) -> list[dict]:
     """Rows of a JSONL file, each with `anchor` and `positive`."""
     if not path.is_file():
-        raise DataToolError(f"input file {path} not found")
+        raise UsageError(f"input file {path} not found")
     rows = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
@@ -41,18 +40,18 @@ def read_pairs(path: Path) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError:
-                raise DataToolError(f"{path}:{number} is not valid JSON") from None
+                raise UsageError(f"{path}:{number} is not valid JSON") from None
             if not isinstance(row, dict) or "anchor" not in row or "positive" not in row:
-                raise DataToolError(f"{path}:{number} lacks `anchor` or `positive`")
+                raise UsageError(f"{path}:{number} lacks `anchor` or `positive`")
             rows.append(row)
     if not rows:
-        raise DataToolError(f"{path} holds no rows")
+        raise UsageError(f"{path} holds no rows")
     return rows
 
 
 def refuse_existing(path: Path, overwrite: bool) -> None:
     if path.exists() and not overwrite:
-        raise DataToolError(f"{path} already exists; pass --overwrite to replace it")
+        raise UsageError(f"{path} already exists; pass --overwrite to replace it")
 
 
 def write_rows(path: Path, rows: list[dict], overwrite: bool) -> None:
@@ -73,7 +72,7 @@ def mine(rows: list[dict], model, margin: float, num_negatives: int, range_max: 
     from sentence_transformers.util import mine_hard_negatives
 
     if not 0 < margin <= 1:
-        raise DataToolError(f"--margin must lie in (0, 1], got {margin}")
+        raise UsageError(f"--margin must lie in (0, 1], got {margin}")
     dataset = Dataset.from_dict({"anchor": [r["anchor"] for r in rows], "positive": [r["positive"] for r in rows]})
     mined = mine_hard_negatives(
         dataset, model, relative_margin=1.0 - margin, num_negatives=num_negatives, range_max=range_max,
@@ -84,20 +83,29 @@ def mine(rows: list[dict], model, margin: float, num_negatives: int, range_max: 
 
 
 def consistency_filter(rows: list[dict], model, top_k: int, batch_size: int) -> list[dict]:
-    """The rows whose positive ranks in the top-k of all positives for their anchor."""
+    """The rows whose positive ranks in the top-k of all positives for their anchor.
+
+    A pair's rank is the number of *distinct* positive texts that score strictly above its own
+    positive. Positives are encoded once per distinct text, so an exact duplicate of a pair's
+    positive (common in real data: two questions with one answer) shares its embedding, ties with
+    it exactly and is never "ranked above" it, whatever the batch composition.
+    """
     import torch
 
     if top_k < 1:
-        raise DataToolError(f"--top-k must be at least 1, got {top_k}")
+        raise UsageError(f"--top-k must be at least 1, got {top_k}")
+    distinct = list(dict.fromkeys(r["positive"] for r in rows))  # first-seen order
+    column = {text: i for i, text in enumerate(distinct)}
     queries = model.encode([r["anchor"] for r in rows], prompt=_prompt(model, ("query",)), batch_size=batch_size,
                            convert_to_tensor=True, normalize_embeddings=True)  # fmt: skip
-    docs = model.encode([r["positive"] for r in rows], prompt=_prompt(model, ("document", "passage")),
+    docs = model.encode(distinct, prompt=_prompt(model, ("document", "passage")),
                         batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=True)  # fmt: skip
+    own_column = torch.tensor([column[r["positive"]] for r in rows])
     kept = []
     for start in range(0, len(rows), 1024):
-        scores = queries[start : start + 1024] @ docs.T  # (chunk, all positives)
-        own = scores[torch.arange(scores.shape[0]), torch.arange(start, start + scores.shape[0])]
-        rank = (scores > own[:, None]).sum(dim=1)  # positives scored above this pair's own
+        scores = queries[start : start + 1024] @ docs.T  # (chunk, distinct positives)
+        own = scores.gather(1, own_column[start : start + scores.shape[0], None].to(scores.device))  # (chunk, 1)
+        rank = (scores > own).sum(dim=1)  # distinct positives scored above this pair's own; itself never is
         kept += [rows[start + i] for i in torch.nonzero(rank < top_k).flatten().tolist()]
     return kept
 
@@ -116,23 +124,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model folder's own code")
     args = parser.parse_args(argv)
-    try:
-        rows = read_pairs(Path(args.input))
-        output = Path(args.output)
-        refuse_existing(output, args.overwrite)  # before loading the model
-        from sentence_transformers import SentenceTransformer
+    rows = read_pairs(Path(args.input))
+    output = Path(args.output)
+    refuse_existing(output, args.overwrite)  # before loading the model
+    from sentence_transformers import SentenceTransformer
 
-        model = SentenceTransformer(args.model, trust_remote_code=args.trust_remote_code)
-        if args.command == "mine":
-            result = mine(rows, model, args.margin, args.num_negatives, args.range_max, args.batch_size)
-        else:
-            result = consistency_filter(rows, model, args.top_k, args.batch_size)
-        write_rows(output, result, args.overwrite)
-    except DataToolError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+    model = SentenceTransformer(args.model, trust_remote_code=args.trust_remote_code)
+    if args.command == "mine":
+        result = mine(rows, model, args.margin, args.num_negatives, args.range_max, args.batch_size)
+    else:
+        result = consistency_filter(rows, model, args.top_k, args.batch_size)
+    write_rows(output, result, args.overwrite)
     print(f"{args.command}: {len(rows)} rows in, {len(result)} rows out -> {output}")
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

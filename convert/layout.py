@@ -1,0 +1,128 @@
+"""The checkpoint key layout of every model type, in one place.
+
+Dense `bert` / `roberta` / `xlm-roberta` checkpoints and this package's models share every key
+except those of the feed-forward blocks a model type replaces. This file says, once, which dense
+keys become which expert keys and back, so that upcycling (`convert/upcycle.py`), merging
+(`convert/merge_experts.py`) and model cards (`convert/cards.py`) cannot disagree:
+
+    dense                                          MoTE (expert e of layer N)
+    encoder.layer.N.attention.output.LayerNorm.*   encoder.layer.N.experts.e.attention_LayerNorm.*
+    encoder.layer.N.intermediate.dense.*           encoder.layer.N.experts.e.intermediate.dense.*
+    encoder.layer.N.output.dense.*                 encoder.layer.N.experts.e.output.dense.*
+    encoder.layer.N.output.LayerNorm.*             encoder.layer.N.experts.e.output.LayerNorm.*
+
+    dense                                          token-routed MoE (stacked over experts, dim 0)
+    encoder.layer.N.intermediate.dense.weight      encoder.layer.N.mlp.experts.up_proj
+    encoder.layer.N.intermediate.dense.bias        encoder.layer.N.mlp.experts.up_proj_bias
+    encoder.layer.N.output.dense.weight            encoder.layer.N.mlp.experts.down_proj
+    encoder.layer.N.output.dense.bias              encoder.layer.N.mlp.experts.down_proj_bias
+    (new)                                          encoder.layer.N.mlp.router.weight
+
+RoBERTa-family checkpoints number positions from `pad_token_id + 1`, BERT from 0
+(`position_offset`).
+"""
+
+from __future__ import annotations
+
+import re
+
+# model_type of a dense source -> the transformers class its exports are saved as
+DENSE_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
+
+# dense module of layer N -> its name inside a MoTE expert
+MOTE_EXPERT_PARTS = {
+    "attention.output.LayerNorm": "attention_LayerNorm",
+    "intermediate": "intermediate",
+    "output": "output",
+}
+_DENSE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.(attention\.output\.LayerNorm|intermediate|output)\.(.+)$")
+_MOTE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.experts\.(\d+)\.([A-Za-z_]+)\.(.+)$")
+
+# dense tensor of layer N -> the stacked parameter of its token-routed MoE block
+MOE_STACKED = {
+    "intermediate.dense.weight": "up_proj",
+    "intermediate.dense.bias": "up_proj_bias",
+    "output.dense.weight": "down_proj",
+    "output.dense.bias": "down_proj_bias",
+}
+MOE_DENSE = {stacked: dense for dense, stacked in MOE_STACKED.items()}
+_DENSE_FFN_KEY = re.compile(r"^encoder\.layer\.(\d+)\.((?:intermediate|output)\.dense\.(?:weight|bias))$")
+_MOE_KEY = re.compile(r"^encoder\.layer\.(\d+)\.mlp\.(?:experts\.(\w+)|(router)\.weight)$")
+
+
+def position_offset(model_type: str, pad_token_id: int | None) -> int:
+    """First position id of a `model_type` checkpoint: 0 for BERT, `pad_token_id + 1` for RoBERTa."""
+    return 0 if model_type == "bert" else (1 if pad_token_id is None else pad_token_id) + 1
+
+
+def mote_expert_key(dense_key: str) -> tuple[int, str] | None:
+    """`(layer, key inside an expert)` for a dense key that MoTE moves into its experts, else `None`."""
+    match = _DENSE_EXPERT_KEY.match(dense_key)
+    if match is None:
+        return None
+    layer, part, rest = match.groups()
+    return int(layer), f"{MOTE_EXPERT_PARTS[part]}.{rest}"
+
+
+def mote_key(layer: int, expert: int, key_in_expert: str) -> str:
+    """Key of `key_in_expert` in expert `expert` of MoTE layer `layer`."""
+    return f"encoder.layer.{layer}.experts.{expert}.{key_in_expert}"
+
+
+def parse_mote_key(key: str) -> tuple[int, int, str] | None:
+    """`(layer, expert, dense key)` for a MoTE expert key, else `None`.
+
+    Raises:
+        ValueError: for an expert key whose part is not one of `MOTE_EXPERT_PARTS`.
+    """
+    match = _MOTE_EXPERT_KEY.match(key)
+    if match is None:
+        return None
+    layer, expert, part, rest = match.groups()
+    dense_parts = {inner: dense for dense, inner in MOTE_EXPERT_PARTS.items()}
+    if part not in dense_parts:
+        raise ValueError(f"unexpected expert tensor {key}: expected parts {sorted(dense_parts)}")
+    return int(layer), int(expert), f"encoder.layer.{layer}.{dense_parts[part]}.{rest}"
+
+
+def moe_stacked_key(dense_key: str) -> tuple[int, str] | None:
+    """`(layer, stacked key)` for a dense FFN projection that a token-routed MoE stacks, else `None`."""
+    match = _DENSE_FFN_KEY.match(dense_key)
+    if match is None:
+        return None
+    layer = int(match.group(1))
+    return layer, f"encoder.layer.{layer}.mlp.experts.{MOE_STACKED[match.group(2)]}"
+
+
+def moe_router_key(layer: int) -> str:
+    """Key of the router weight of MoE layer `layer`."""
+    return f"encoder.layer.{layer}.mlp.router.weight"
+
+
+def parse_moe_key(key: str) -> tuple[int, str | None] | None:
+    """For a token-routed MoE key: `(layer, dense key)` of a stacked expert parameter, `(layer, None)`
+    for a router weight; `None` for every key the dense model shares."""
+    match = _MOE_KEY.match(key)
+    if match is None:
+        return None
+    layer = int(match.group(1))
+    if match.group(3):
+        return layer, None
+    if match.group(2) not in MOE_DENSE:
+        raise ValueError(f"unexpected expert tensor {key}: expected {sorted(MOE_DENSE)}")
+    return layer, f"encoder.layer.{layer}.{MOE_DENSE[match.group(2)]}"
+
+
+__all__ = [
+    "DENSE_ARCHITECTURES",
+    "MOTE_EXPERT_PARTS",
+    "MOE_STACKED",
+    "MOE_DENSE",
+    "position_offset",
+    "mote_expert_key",
+    "mote_key",
+    "parse_mote_key",
+    "moe_stacked_key",
+    "moe_router_key",
+    "parse_moe_key",
+]

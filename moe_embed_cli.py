@@ -1,0 +1,36 @@
+"""The command-line contract of every script of this package (`convert/`, `training/`, `evaluation/`,
+`experiments/`): bad input ends the run with one line on stderr and exit code 2, never a traceback.
+
+Code raises `UsageError` where the user's input (arguments, files, data, configs) is wrong; the
+script's entry point is `run_cli(main)`, which also turns an `OSError` (unwritable output, full
+disk, missing file) into the same one line. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class UsageError(Exception):
+    """Bad input to a command-line tool: reported as `error: <message>` on stderr with exit code 2."""
+
+
+def run_cli(main: Callable[[list[str] | None], T], argv: list[str] | None = None) -> T:
+    """Call `main(argv)` with logging set up; `UsageError` and `OSError` become one stderr line and exit 2."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return main(argv)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as error:  # the user's environment, not a bug
+        print(f"error: {error.strerror or error}: {error.filename or ''}".rstrip(": "), file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+__all__ = ["UsageError", "run_cli"]

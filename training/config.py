@@ -1,0 +1,213 @@
+"""The training config: typed dataclasses with per-field help, read from YAML.
+
+`TrainingConfig` is the one description of every option: `load_config` checks a YAML file
+against it (an unknown key is an error naming the closest valid one, a value of the wrong type is
+an error naming the expected type), and `describe_options` renders the option list that
+`python -m training.train --help` prints.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+
+from moe_embed_cli import UsageError
+from training.tasks import TASK_TYPES, task_type
+
+CURRICULA = ("task_aware", "static")
+
+
+def _help(text: str, default=MISSING, **kwargs):
+    """A dataclass field carrying its help text (as peft's and transformers' configs do)."""
+    if default is MISSING and "default_factory" not in kwargs:
+        return field(metadata={"help": text}, **kwargs)
+    return field(default=default, metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class DatasetSpec:
+    """One JSONL training set: rows with `anchor`, `positive` and optionally `negative`."""
+
+    path: str = _help("JSONL file, absolute or relative to the working directory")
+    name: str | None = _help("name of the dataset's trainer entry (default: the file's stem)", None)
+
+
+@dataclass
+class LossConfig:
+    """Options of the contrastive loss (`loss:`)."""
+
+    cached_mini_batch_size: int | None = _help(
+        "GradCache: CachedMultipleNegativesRankingLoss with this mini-batch size (large batches in small memory)",
+        None,
+    )
+    matryoshka_dims: list[int] | None = _help("MatryoshkaLoss over these embedding sizes, e.g. [384, 128]", None)
+    gather_across_devices: bool = _help("in-batch negatives from all data-parallel ranks", False)
+
+    def __post_init__(self):
+        if self.cached_mini_batch_size is not None and self.cached_mini_batch_size < 1:
+            raise UsageError(f"loss.cached_mini_batch_size must be a positive integer, got {self.cached_mini_batch_size!r}")
+        if self.matryoshka_dims is not None and (not self.matryoshka_dims or min(self.matryoshka_dims) < 1):
+            raise UsageError(f"loss.matryoshka_dims must be a list of positive integers, got {self.matryoshka_dims!r}")
+
+
+@dataclass
+class TrainingConfig:
+    """A TA-CL training run (`python -m training.train --config FILE.yaml`)."""
+
+    model: str = _help("model folder or Hub id to train: MoTE, token-routed MoE or dense")
+    tasks: dict[str, list[DatasetSpec]] = _help(
+        f"task type ({', '.join(TASK_TYPES)}) -> list of datasets, each {{name, path}}"
+    )
+    trust_remote_code: bool = _help("allow the model folder's own code (MoTE, MoE)", False)
+    model_kwargs: dict | None = _help("keyword arguments for the transformers model (SentenceTransformer model_kwargs)", None)
+    config_kwargs: dict | None = _help("config overrides, e.g. {hidden_dropout_prob: 0.1}", None)
+    output_dir: str = _help("where the trained model (and checkpoints) are saved", "models/tacl")
+    seed: int = _help("seed of the trainer, the sampler and the dataset shuffles", 0)
+    batch_size: int = _help("rows per batch and device", 32)
+    max_steps: int = _help("optimizer steps; -1 trains for `epochs` instead", -1)
+    epochs: float = _help("passes over the data when max_steps is -1", 1.0)
+    learning_rate: float = _help("peak learning rate (linear schedule)", 2e-5)
+    warmup_steps: int = _help("linear warm-up steps", 0)
+    save_steps: int = _help("save a checkpoint in output_dir/checkpoint-N every N steps; 0 saves none", 0)
+    logging_steps: int = _help("log the loss every N steps", 10)
+    ddp_backend: str | None = _help("data-parallel backend (default: gloo when launched on CPU)", None)
+    max_seq_length: int | None = _help("truncate training inputs to this many tokens (the saved model keeps its own)", None)
+    curriculum: str = _help(
+        "task_aware (TA-CL: per-task entries, prompts and temperatures) or static (one mixed entry, "
+        "prompts written into the text, one temperature)",
+        "task_aware",
+    )
+    temperature: float = _help("InfoNCE temperature of the static curriculum (task_aware uses each task type's)", 0.03)
+    loss: LossConfig = _help("loss options: cached_mini_batch_size, matryoshka_dims, gather_across_devices",
+                             default_factory=LossConfig)
+
+    def __post_init__(self):
+        if not self.model:
+            raise UsageError("`model` must name a model folder or Hub id")
+        if not self.tasks:
+            raise UsageError("`tasks` must map at least one task type to its datasets")
+        for name, specs in self.tasks.items():
+            try:
+                task_type(name)
+            except ValueError as error:
+                raise UsageError(str(error)) from None
+            if not specs:
+                raise UsageError(f"task {name!r} lists no datasets")
+        if self.curriculum not in CURRICULA:
+            raise UsageError(f"unknown curriculum {self.curriculum!r}; expected one of {', '.join(CURRICULA)}")
+        if self.temperature <= 0:
+            raise UsageError(f"temperature must be a positive number, got {self.temperature!r}")
+        for name in ("batch_size", "logging_steps"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "save_steps"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name} must be at least 0, got {getattr(self, name)}")
+
+
+def _type_name(kind) -> str:
+    if isinstance(kind, type):
+        return kind.__name__
+    return str(kind).replace("typing.", "")
+
+
+def _convert(value, kind, where: str):
+    """`value` checked against the annotation `kind` (YAML scalars, lists, dicts, nested dataclasses)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(value, inner, where)
+    if isinstance(kind, type) and hasattr(kind, "__dataclass_fields__"):
+        return from_mapping(kind, value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise UsageError(f"{where} must be a list, got {value!r}")
+        return [_convert(item, args[0], f"{where}[{i}]") for i, item in enumerate(value)]
+    if origin is dict or kind is dict:
+        if not isinstance(value, dict):
+            raise UsageError(f"{where} must be a mapping, got {value!r}")
+        if not args:
+            return dict(value)
+        return {_convert(k, args[0], where): _convert(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise UsageError(f"{where} must be true or false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"{where} must be an integer, got {value!r}")
+        return value
+    if kind is float:
+        # YAML 1.1 reads `2e-5` (no dot) as a string: accept any text that is a number.
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise UsageError(f"{where} must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config annotation {_type_name(kind)} at {where}")
+
+
+def from_mapping(cls, data, where: str = "config"):
+    """Build the dataclass `cls` from a mapping: unknown keys, missing required keys and values of
+    the wrong type are `UsageError`s naming the key."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{where} must be a mapping of {cls.__name__} options, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in data:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"unknown key {key!r} in {where}{hint} Valid keys: {', '.join(known)}")
+    missing = [name for name, f in known.items()
+               if name not in data and f.default is MISSING and f.default_factory is MISSING]  # fmt: skip
+    if missing:
+        raise UsageError(f"{where} must define {', '.join(f'`{m}`' for m in missing)}")
+    values = {key: _convert(value, hints[key], f"{where}.{key}" if where != "config" else key) for key, value in data.items()}
+    return cls(**values)
+
+
+def load_config(path: Path) -> TrainingConfig:
+    """The YAML config at `path` as a `TrainingConfig` (a `UsageError` for anything wrong in it)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} not found") from None
+    except yaml.YAMLError as error:
+        raise UsageError(f"{path} is not valid YAML: {str(error).splitlines()[0]}") from None
+    return from_mapping(TrainingConfig, data if data is not None else {})
+
+
+def describe_options(cls=TrainingConfig, indent: str = "  ") -> str:
+    """The option list of `cls` (name, type, default, help), generated from its fields."""
+    hints = typing.get_type_hints(cls)
+    lines = []
+    for f in fields(cls):
+        if f.default is not MISSING:
+            default = f" (default: {f.default})"
+        elif f.default_factory is not MISSING:
+            default = ""
+        else:
+            default = " (required)"
+        lines.append(f"{indent}{f.name}: {_type_name(hints[f.name])}{default}\n{indent}    {f.metadata['help']}")
+        nested = hints[f.name]
+        if isinstance(nested, type) and hasattr(nested, "__dataclass_fields__"):
+            lines.append(describe_options(nested, indent + "    "))
+    return "\n".join(lines)
+
+
+__all__ = ["TrainingConfig", "LossConfig", "DatasetSpec", "CURRICULA", "load_config", "from_mapping", "describe_options"]
