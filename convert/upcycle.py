@@ -61,7 +61,7 @@ class Upcycled:
     exact: bool = True  # whether the untrained model must reproduce the dense model
 
 
-def parse_tasks(specs: list[str]) -> dict[str, str]:
+def parse_task_prefixes(specs: list[str]) -> dict[str, str]:
     """`NAME=PREFIX` (or a bare known NAME) per task, in order, to `{name: prefix}`."""
     tasks = {}
     for spec in specs:
@@ -157,7 +157,7 @@ def _config(config_cls, **kwargs):
 
 def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
     """MoTE: one expert per task in `--expert-layers`, routed per sequence by the task prefix."""
-    tasks = parse_tasks(args.tasks)
+    tasks = parse_task_prefixes(args.tasks)
     prefix_ids = {name: prefix_token_ids(tokenizer, prefix) for name, prefix in tasks.items()}
     seen = {}
     for name, ids in prefix_ids.items():
@@ -199,7 +199,7 @@ def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycle
     return Upcycled(
         model=model,
         st_module="st_moe.MoeTransformer",
-        prompts=with_passage(parse_tasks(args.tasks)),
+        prompts=with_passage(parse_task_prefixes(args.tasks)),
         exact=config.norm_topk_prob and args.expert_noise == 0,
     )
 

@@ -10,15 +10,32 @@ This file is copied into saved model folders: it imports only torch and public t
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
+from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .configuration_encoder import EncoderConfig
+
+
+@dataclass
+class EncoderBackboneOutput(BaseModelOutputWithPooling):
+    r"""
+    Output of the shared encoder (`EncoderPreTrainedModel.forward_backbone`), before a model type
+    adds its own fields.
+
+    layer_aux (`tuple`):
+        The auxiliary output of each layer that produced one, in layer order (token-routed MoE: the
+        router logits of each MoE layer; empty for MoTE and dense layers).
+    """
+
+    layer_aux: tuple | None = None
 
 
 class EncoderEmbeddings(nn.Module):
@@ -212,7 +229,7 @@ class EncoderStack(nn.Module):
         )
 
     def forward(self, hidden_states, attention_mask=None, routing=None, output_hidden_states=False,
-                output_attentions=False, **kwargs):
+                output_attentions=False, **kwargs) -> EncoderBackboneOutput:
         all_hidden = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         all_aux = ()
@@ -224,7 +241,9 @@ class EncoderStack(nn.Module):
                 all_attentions += (weights,)
             if aux is not None:
                 all_aux += (aux,)
-        return hidden_states, all_hidden, all_attentions, all_aux
+        return EncoderBackboneOutput(
+            last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_attentions, layer_aux=all_aux
+        )
 
 
 class EncoderPooler(nn.Module):
@@ -237,20 +256,6 @@ class EncoderPooler(nn.Module):
 
     def forward(self, hidden_states):
         return self.activation(self.dense(hidden_states[:, 0]))
-
-
-def build_attention_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype, implementation: str):
-    """Turn a `(batch, seq)` 0/1 padding mask into what the attention interface expects.
-
-    Returns `None` when nothing is padded (sdpa then takes its fastest kernel), a boolean
-    `(batch, 1, 1, seq)` mask for sdpa, and an additive float mask otherwise.
-    """
-    if attention_mask is None or bool(attention_mask.all()):
-        return None
-    keep = attention_mask[:, None, None, :].bool()
-    if implementation == "sdpa":
-        return keep
-    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)
 
 
 class EncoderPreTrainedModel(PreTrainedModel):
@@ -275,12 +280,13 @@ class EncoderPreTrainedModel(PreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    def encode(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-               inputs_embeds=None, routing=None, output_hidden_states=None, output_attentions=None):
-        """Run embeddings, the layer stack and the pooler.
+    def forward_backbone(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
+                         inputs_embeds=None, routing=None, output_hidden_states=None,
+                         output_attentions=None) -> EncoderBackboneOutput:
+        """Run the embeddings, the layer stack (with `routing` for expert layers) and the pooler.
 
-        Returns `(last, pooled, hidden_states, attentions, aux)`, `aux` holding the auxiliary output
-        of each layer that produced one.
+        The padding mask is turned into each attention backend's format by transformers'
+        `create_bidirectional_mask` (`None` when nothing is padded, so sdpa takes its fastest kernel).
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`")
@@ -291,12 +297,17 @@ class EncoderPreTrainedModel(PreTrainedModel):
         if output_attentions and self.config._attn_implementation == "sdpa":
             raise ValueError("`output_attentions=True` needs `attn_implementation='eager'`; sdpa returns no weights")
         hidden = self.embeddings(input_ids, token_type_ids, position_ids, inputs_embeds)
-        mask = build_attention_mask(attention_mask, hidden.dtype, self.config._attn_implementation)
-        last, all_hidden, all_attentions, all_aux = self.encoder(
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask)
+        stack = self.encoder(
             hidden, mask, routing, output_hidden_states=output_hidden_states, output_attentions=output_attentions
         )
-        pooled = self.pooler(last) if self.pooler is not None else None
-        return last, pooled, all_hidden, all_attentions, all_aux
+        return EncoderBackboneOutput(
+            last_hidden_state=stack.last_hidden_state,
+            pooler_output=self.pooler(stack.last_hidden_state) if self.pooler is not None else None,
+            hidden_states=stack.hidden_states,
+            attentions=stack.attentions,
+            layer_aux=stack.layer_aux,
+        )
 
 
 __all__ = [
@@ -309,5 +320,5 @@ __all__ = [
     "EncoderStack",
     "EncoderPooler",
     "EncoderPreTrainedModel",
-    "build_attention_mask",
+    "EncoderBackboneOutput",
 ]

@@ -242,26 +242,35 @@ class MoeBertModel(MoeBertPreTrainedModel):
                 attention_mask = None  # nothing padded: decided once here, not again when building the mask
             else:
                 token_index = attention_mask.reshape(-1).nonzero().squeeze(-1)
-        last, pooled, hidden, attentions, router_logits = self.encode(
+        backbone = self.forward_backbone(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             routing=MoeRouting(token_index), output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
         )
-        config = self.config
-        device = last.device  # with a device map, MoE layers may sit on several devices
-        aux_loss = config.router_aux_loss_coef * torch.stack(
+        router_logits = backbone.layer_aux
+        if output_router_logits is None:
+            output_router_logits = self.config.output_router_logits
+        output = MoeBertModelOutput(
+            last_hidden_state=backbone.last_hidden_state,
+            pooler_output=backbone.pooler_output,
+            hidden_states=backbone.hidden_states,
+            attentions=backbone.attentions,
+            aux_loss=self.aux_loss(router_logits, backbone.last_hidden_state.device),
+            router_logits=router_logits if output_router_logits else None,
+        )
+        return output if return_dict is not False else output.to_tuple()
+
+    def aux_loss(self, router_logits: tuple[torch.Tensor, ...], device: torch.device) -> torch.Tensor:
+        """`router_aux_loss_coef · load balancing + router_z_loss_coef · z-loss`, averaged over the MoE
+        layers' router logits (each `(non-padding tokens, experts)`), on `device`."""
+        config = self.config  # with a device map, MoE layers may sit on several devices
+        loss = config.router_aux_loss_coef * torch.stack(
             [load_balancing_loss(logits, config.num_experts_per_tok).to(device) for logits in router_logits]
         ).mean()
         if config.router_z_loss_coef:
             z_losses = [router_z_loss(logits).to(device) for logits in router_logits]
-            aux_loss = aux_loss + config.router_z_loss_coef * torch.stack(z_losses).mean()
-        if output_router_logits is None:
-            output_router_logits = config.output_router_logits
-        output = MoeBertModelOutput(
-            last_hidden_state=last, pooler_output=pooled, hidden_states=hidden, attentions=attentions,
-            aux_loss=aux_loss, router_logits=router_logits if output_router_logits else None,
-        )
-        return output if return_dict is not False else output.to_tuple()
+            loss = loss + config.router_z_loss_coef * torch.stack(z_losses).mean()
+        return loss
 
 
 __all__ = [

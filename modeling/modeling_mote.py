@@ -12,6 +12,7 @@ single-task batch), every expert layer applies each expert to one contiguous sli
 the outputs are put back in input order at the end.
 """
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -166,12 +167,14 @@ class MoteBertModel(MoteBertPreTrainedModel):
             `from_pretrained(..., active_tasks=[...])` works also when a config object is passed (as
             Sentence-Transformers does with `model_kwargs`).
         """
-        if active_tasks is not None:
-            config.active_tasks = list(active_tasks)
+        if active_tasks is not None or config.active_tasks is not None:
+            # The model owns the normalised list; the caller's config object is left as it was.
+            config = copy.deepcopy(config)
+            if active_tasks is not None:
+                config.active_tasks = list(active_tasks)
+            config.active_tasks = [config.tasks[i] for i in active_expert_indices(config)]
         super().__init__(config)
         active = active_expert_indices(config)
-        if config.active_tasks is not None:  # `from_pretrained(active_tasks=...)` sets it after validation
-            config.active_tasks = [config.tasks[i] for i in active]
         self.build_encoder(MoteBertLayer, config.expert_layers)
         inactive = sorted(set(range(config.num_tasks)) - set(active))
         if inactive:  # their tensors in a checkpoint are expected and left unread
@@ -252,10 +255,13 @@ class MoteBertModel(MoteBertPreTrainedModel):
                 segments.append((expert, start, start + count))
                 start += count
 
-        last, pooled, hidden, attentions, _ = self.encode(
+        backbone = self.forward_backbone(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
             routing=MoteRouting(tuple(segments)), output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
+        )
+        last, pooled, hidden, attentions = (
+            backbone.last_hidden_state, backbone.pooler_output, backbone.hidden_states, backbone.attentions
         )
         if order is not None:
             inverse = torch.empty_like(order)
