@@ -8,9 +8,8 @@ import math
 import numpy as np
 
 
-def undersample(labels: list, samples_per_label: int, rng: np.random.Generator) -> np.ndarray:
-    """Indices of at most `samples_per_label` examples per label, drawn in a shuffled order (MTEB)."""
-    order = rng.permutation(len(labels))
+def undersample(labels: list, samples_per_label: int, order: np.ndarray) -> np.ndarray:
+    """Indices of the first `samples_per_label` examples of each label, visiting the rows in `order`."""
     counts: dict = {}
     chosen = []
     for index in order:
@@ -18,13 +17,63 @@ def undersample(labels: list, samples_per_label: int, rng: np.random.Generator) 
         if counts.get(label, 0) < samples_per_label:
             counts[label] = counts.get(label, 0) + 1
             chosen.append(index)
-    return np.asarray(chosen)
+    return np.asarray(chosen, dtype=np.int64)
 
 
-def undersample_draws(labels: list, samples_per_label: int, n_experiments: int = 10, seed: int = 42) -> list[np.ndarray]:
-    """The training indices of each of MTEB's `n_experiments` classification experiments."""
-    rng = np.random.default_rng(seed)
-    return [undersample(labels, samples_per_label, rng) for _ in range(n_experiments)]
+def undersample_draws(
+    labels: list, samples_per_label: int, n_experiments: int = 10, seed: int = 42
+) -> list[np.ndarray]:
+    """The training indices of each of MTEB's `n_experiments` classification experiments, drawn as mteb 1.12 does.
+
+    mteb keeps one index array per evaluation and shuffles it in place before every experiment with
+    NumPy's legacy global generator, which has just been reseeded with `seed` (by the task's
+    constructor before the first experiment, by each experiment's evaluator before the next). Every
+    experiment therefore applies the same permutation again to the previous experiment's order; each
+    draw then takes the first `samples_per_label` rows of every label in that order. Here the
+    permutation comes from a local `RandomState(seed)` (the same MT19937 stream as
+    `np.random.seed(seed)`), so NumPy's global state is neither read nor changed.
+    """
+    # shuffling any array of this length moves its items by this permutation
+    permutation = np.random.RandomState(seed).permutation(len(labels))
+    order = np.arange(len(labels))
+    draws = []
+    for _ in range(n_experiments):
+        order = order[permutation]
+        draws.append(undersample(labels, samples_per_label, order))
+    return draws
+
+
+def classification_experiment_accuracies(
+    train_embeddings: np.ndarray,
+    train_labels: list,
+    test_embeddings: np.ndarray,
+    test_labels: list,
+    n_experiments: int = 10,
+    samples_per_label: int = 8,
+    max_iter: int = 100,
+    seed: int = 42,
+    draws: list[np.ndarray] | None = None,
+) -> list[float]:
+    """Test accuracy of each experiment's logistic regression, fitted on its undersampled training rows.
+
+    As mteb 1.12's logRegClassificationEvaluator: scikit-learn's default (lbfgs) logistic regression
+    with `max_iter=100` and `random_state=seed`, fitted on the drawn rows in draw order. `draws` are
+    the experiments' training indices (default: `undersample_draws` with these arguments). Only those
+    rows of `train_embeddings` are read, so a caller that passes its draws may embed just those rows
+    and leave the others empty.
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import accuracy_score
+
+    if draws is None:
+        draws = undersample_draws(train_labels, samples_per_label, n_experiments, seed)
+    labels = np.asarray(train_labels)
+    scores = []
+    for index in draws:
+        classifier = LogisticRegression(max_iter=max_iter, random_state=seed)
+        classifier.fit(train_embeddings[index], labels[index])
+        scores.append(float(accuracy_score(test_labels, classifier.predict(test_embeddings))))
+    return scores
 
 
 def classification_accuracy(
@@ -38,22 +87,18 @@ def classification_accuracy(
     seed: int = 42,
     draws: list[np.ndarray] | None = None,
 ) -> float:
-    """Mean test accuracy of logistic regressions fitted on `n_experiments` undersampled training sets.
-
-    `draws` are the experiments' training indices (default: `undersample_draws` with these
-    arguments). Only those rows of `train_embeddings` are read, so a caller that passes its draws
-    may embed just those rows and leave the others empty.
-    """
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import accuracy_score
-
-    scores = []
-    if draws is None:
-        draws = undersample_draws(train_labels, samples_per_label, n_experiments, seed)
-    for index in draws:
-        classifier = LogisticRegression(max_iter=max_iter, random_state=seed)
-        classifier.fit(train_embeddings[index], np.asarray(train_labels)[index])
-        scores.append(accuracy_score(test_labels, classifier.predict(test_embeddings)))
+    """Mean of `classification_experiment_accuracies` over the experiments (MTEB's classification score)."""
+    scores = classification_experiment_accuracies(
+        train_embeddings,
+        train_labels,
+        test_embeddings,
+        test_labels,
+        n_experiments,
+        samples_per_label,
+        max_iter,
+        seed,
+        draws,
+    )
     return float(np.mean(scores))
 
 

@@ -27,8 +27,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluation import data as D
-from moe_embed_cli import UsageError, run_cli
 from evaluation.metrics import classification_accuracy, clustering_v_measure, undersample_draws
+from moe_embed_cli import UsageError, run_cli
 
 logger = logging.getLogger("evaluation")
 
@@ -44,25 +44,59 @@ class Task:
     samples_per_label: int = 8  # classification: MTEB's per-task training subsample size
 
 
-TASKS = {task.name: task for task in [
-    Task("STSBenchmark", "sts", "cosine_spearman", lambda r: D.sts_pairs(r / "sts/stsb", ["test.tsv"])),
-    Task("SICK-R", "sts", "cosine_spearman",
-         lambda r: D.sts_pairs(r / "sts/sick-r", ["train.tsv", "trial.tsv", "test.tsv"])),
-    Task("SciFact", "retrieval", "ndcg_at_10", lambda r: D.beir(r / "retrieval/scifact")),
-    Task("TwitterURLCorpus", "pair_classification", "max_ap",
-         lambda r: D.labelled_pairs(r / "pair_classification/twitter_url_corpus", "test.tsv", "sentence1", "sentence2")),
-    Task("Banking77Classification", "classification", "accuracy",
-         lambda r: D.labelled_texts(r / "classification/banking77", "train.tsv", "test.tsv")),
-    Task("EmotionClassification", "classification", "accuracy",
-         lambda r: D.labelled_texts(r / "classification/emotion", "train.tsv", "test.tsv"), samples_per_label=16),
-    Task("AmazonCounterfactualClassification", "classification", "accuracy",
-         lambda r: D.labelled_texts(r / "classification/amazon_counterfactual", "en_train.tsv", "en_test.tsv"),
-         samples_per_label=32),
-    Task("Banking77Clustering (local)", "clustering", "v_measure",
-         lambda r: D.labelled_texts(r / "classification/banking77", None, "test.tsv")),
-    Task("TRECClustering (local)", "clustering", "v_measure",
-         lambda r: D.labelled_texts(r / "classification/trec", None, "test.tsv", label="coarse_label")),
-]}  # fmt: skip
+TASKS = {
+    task.name: task
+    for task in [
+        Task("STSBenchmark", "sts", "cosine_spearman", lambda r: D.sts_pairs(r / "sts/stsb", ["test.tsv"])),
+        Task(
+            "SICK-R",
+            "sts",
+            "cosine_spearman",
+            lambda r: D.sts_pairs(r / "sts/sick-r", ["train.tsv", "trial.tsv", "test.tsv"]),
+        ),
+        Task("SciFact", "retrieval", "ndcg_at_10", lambda r: D.beir(r / "retrieval/scifact")),
+        Task(
+            "TwitterURLCorpus",
+            "pair_classification",
+            "max_ap",
+            lambda r: D.labelled_pairs(
+                r / "pair_classification/twitter_url_corpus", "test.tsv", "sentence1", "sentence2"
+            ),
+        ),
+        Task(
+            "Banking77Classification",
+            "classification",
+            "accuracy",
+            lambda r: D.labelled_texts(r / "classification/banking77", "train.tsv", "test.tsv"),
+        ),
+        Task(
+            "EmotionClassification",
+            "classification",
+            "accuracy",
+            lambda r: D.labelled_texts(r / "classification/emotion", "train.tsv", "test.tsv"),
+            samples_per_label=16,
+        ),
+        Task(
+            "AmazonCounterfactualClassification",
+            "classification",
+            "accuracy",
+            lambda r: D.labelled_texts(r / "classification/amazon_counterfactual", "en_train.tsv", "en_test.tsv"),
+            samples_per_label=32,
+        ),
+        Task(
+            "Banking77Clustering (local)",
+            "clustering",
+            "v_measure",
+            lambda r: D.labelled_texts(r / "classification/banking77", None, "test.tsv"),
+        ),
+        Task(
+            "TRECClustering (local)",
+            "clustering",
+            "v_measure",
+            lambda r: D.labelled_texts(r / "classification/trec", None, "test.tsv", label="coarse_label"),
+        ),
+    ]
+}
 
 # Prompt name per (task type, role), as MoTE maps unseen task types onto its four tasks.
 PROMPTS = {
@@ -89,40 +123,51 @@ def embed(model, texts: list[str], prompt: str, batch_size: int) -> np.ndarray:
 
 def evaluate(model, task: Task, root: Path, batch_size: int = 64, seed: int = 42) -> float:
     """Main score of `model` on `task`, 0-100."""
-    from sentence_transformers.util import cos_sim
     from sentence_transformers.sentence_transformer.evaluation import (
         BinaryClassificationEvaluator,
         EmbeddingSimilarityEvaluator,
         InformationRetrievalEvaluator,
     )
+    from sentence_transformers.util import cos_sim
 
     data = task.load(root)
     if task.type == "sts":
         prompt = prompt_for(model, "sts")
         evaluator = EmbeddingSimilarityEvaluator(
-            [prompt + s for s in data.sentences1], [prompt + s for s in data.sentences2], data.scores,
-            batch_size=batch_size, similarity_fn_names=["cosine"],
-        )  # fmt: skip
+            [prompt + s for s in data.sentences1],
+            [prompt + s for s in data.sentences2],
+            data.scores,
+            batch_size=batch_size,
+            similarity_fn_names=["cosine"],
+        )
         return 100 * evaluator(model)["spearman_cosine"]
     if task.type == "pair_classification":
         prompt = prompt_for(model, "pair_classification")
         evaluator = BinaryClassificationEvaluator(
-            [prompt + s for s in data.sentences1], [prompt + s for s in data.sentences2], [int(s) for s in data.scores],
-            batch_size=batch_size, similarity_fn_names=["cosine", "dot", "euclidean", "manhattan"],
-        )  # fmt: skip
+            [prompt + s for s in data.sentences1],
+            [prompt + s for s in data.sentences2],
+            [int(s) for s in data.scores],
+            batch_size=batch_size,
+            similarity_fn_names=["cosine", "dot", "euclidean", "manhattan"],
+        )
         results = evaluator(model)
         return 100 * max(value for key, value in results.items() if key.endswith("_ap"))
     if task.type == "retrieval":
         evaluator = InformationRetrievalEvaluator(
-            data.queries, data.corpus, data.relevant, batch_size=batch_size, write_csv=False,
-            query_prompt=prompt_for(model, "retrieval", "query"), corpus_prompt=prompt_for(model, "retrieval", "document"),
+            data.queries,
+            data.corpus,
+            data.relevant,
+            batch_size=batch_size,
+            write_csv=False,
+            query_prompt=prompt_for(model, "retrieval", "query"),
+            corpus_prompt=prompt_for(model, "retrieval", "document"),
             score_functions={"cosine": cos_sim},
-        )  # fmt: skip
+        )
         return 100 * evaluator(model)["cosine_ndcg@10"]
     if task.type == "classification":
         prompt = prompt_for(model, "classification")
         test = embed(model, data.test_texts, prompt, batch_size)
-        # the experiments read only their undersampled training rows: embed just those
+        # mteb 1.12's draws; the experiments read only their undersampled training rows: embed just those
         draws = undersample_draws(data.train_labels, task.samples_per_label, seed=seed)
         used = np.unique(np.concatenate(draws))
         train = np.zeros((len(data.train_texts), test.shape[1]), dtype=test.dtype)
@@ -153,7 +198,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-dir", default=None, help="evaluation data folder (default: ../shared/data)")
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     parser.add_argument("--seed", type=int, default=42, help="seed of the classification and clustering protocols")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow the model folder's own code (MoTE, MoE)")
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="allow the model folder's own code (MoTE, MoE)"
+    )
     args = parser.parse_args(argv)
     tasks = select_tasks(args.tasks)
     root = D.data_dir(args.data_dir)
