@@ -58,7 +58,7 @@ def throughput(dense_path: str, ea_path: str, repeats: int, num_texts: int) -> t
 
     models = {"dense": SentenceTransformer(dense_path), "ea": SentenceTransformer(ea_path)}
     rates = {name: [] for name in models}
-    for name, model in models.items():
+    for model in models.values():
         model.encode(TEXTS[:32], prompt_name=None, prompt="search_query: ")  # warm-up
     for round_ in range(repeats):
         for name, model in list(models.items())[:: 1 if round_ % 2 == 0 else -1]:  # alternate who goes first
@@ -90,7 +90,10 @@ def main() -> None:
         variants = {
             "dense (all-MiniLM-L6-v2)": (dense, {}),
             "MoTE, all 4 tasks": (mote, {"trust_remote_code": True}),
-            "MoTE, active_tasks=['query']": (mote, {"trust_remote_code": True, "model_kwargs": {"active_tasks": ["query"]}}),
+            "MoTE, active_tasks=['query']": (
+                mote,
+                {"trust_remote_code": True, "model_kwargs": {"active_tasks": ["query"]}},
+            ),
             "Expert Averaging (plain BertModel)": (ea, {}),
         }
         results = {name: [] for name in variants}
@@ -98,8 +101,10 @@ def main() -> None:
             for name, (folder, kwargs) in list(variants.items())[:: 1 if round_ % 2 == 0 else -1]:
                 out = subprocess.run(
                     [sys.executable, __file__, "--worker", folder, json.dumps(kwargs), str(args.texts)],
-                    capture_output=True, text=True, check=True,
-                )  # fmt: skip
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
         dense_rate, ea_rate = throughput(dense, ea, args.repeats * 2, args.texts)
 
@@ -113,8 +118,10 @@ def main() -> None:
         load = statistics.median(r["load_s"] for r in runs)
         params = runs[0]["param_mb"]
         print(f"| {name} | {params:.1f} | {params / base_params:.2f} | {peak:.1f} | {peak / base:.2f} | {load:.2f} |")
-    print(f"\nencode throughput (texts/s, median of {args.repeats * 2} interleaved rounds): dense {dense_rate:.1f}, "
-          f"EA {ea_rate:.1f}, ratio EA/dense {ea_rate / dense_rate:.3f}")
+    print(
+        f"\nencode throughput (texts/s, median of {args.repeats * 2} interleaved rounds): dense {dense_rate:.1f}, "
+        f"EA {ea_rate:.1f}, ratio EA/dense {ea_rate / dense_rate:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -72,8 +72,11 @@ def main() -> None:
         moe = MoeBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     config = moe.config
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, sdpa; {config.num_local_experts} experts, "
-          f"top-{config.num_experts_per_tok}, MoE layers {config.moe_layers}; median of {args.repeats} rounds")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, sdpa; "
+        f"{config.num_local_experts} experts, "
+        f"top-{config.num_experts_per_tok}, MoE layers {config.moe_layers}; median of {args.repeats} rounds"
+    )
     header = " | ".join(f"{name} seq/s (ratio)" for name in IMPLEMENTATIONS)
     print(f"| batch | tokens | dense seq/s | {header} | FLOP-bound ratio | best / bound |")
     print("|---:|---:|---:|" + "---:|" * len(IMPLEMENTATIONS) + "---:|---:|")
@@ -82,8 +85,11 @@ def main() -> None:
         input_ids = torch.randint(1000, 29000, (batch_size, seq_len), generator=generator)
         input_ids[:, 0], input_ids[:, -1] = 101, 102
         batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-        runnable = [i for i in IMPLEMENTATIONS
-                    if i != "batched_mm" or batched_mm_gigabytes(config, batch_size * seq_len) <= args.batched_mm_max_gb]
+        runnable = [
+            i
+            for i in IMPLEMENTATIONS
+            if i != "batched_mm" or batched_mm_gigabytes(config, batch_size * seq_len) <= args.batched_mm_max_gb
+        ]
         runs = {name: [] for name in ["dense", *runnable]}
         for name in runs:  # warm-up
             if name != "dense":
@@ -103,8 +109,12 @@ def main() -> None:
             else:
                 cells.append(f"skipped ({batched_mm_gigabytes(config, batch_size * seq_len):.0f} GB)")
         best = max(med[name] for name in runnable) / med["dense"]
-        print(f"| {batch_size} | {seq_len} | {med['dense']:.1f} | " + " | ".join(cells) + f" | {bound:.3f} | {best / bound:.3f} |",
-              flush=True)
+        print(
+            f"| {batch_size} | {seq_len} | {med['dense']:.1f} | "
+            + " | ".join(cells)
+            + f" | {bound:.3f} | {best / bound:.3f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,8 @@ def main() -> None:
     prefix_ids = [mote.config.task_prefix_ids[t] for t in mote.config.tasks]
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, sdpa; median of {args.repeats} rounds")
-    print(f"| batch | tokens | dense seq/s | MoTE single seq/s | ratio | MoTE mixed seq/s | ratio |")
-    print(f"|---:|---:|---:|---:|---:|---:|---:|")
+    print("| batch | tokens | dense seq/s | MoTE single seq/s | ratio | MoTE mixed seq/s | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     generator = torch.Generator().manual_seed(0)
     for batch_size, seq_len in tqdm(prepare(args), desc="shapes", file=sys.stderr):
         single = make_batch(prefix_ids[:1], batch_size, seq_len, generator)
@@ -69,7 +69,8 @@ def main() -> None:
             runs["mixed"].append(time_forward(mote, mixed, args.min_time))
         med = {k: statistics.median(v) for k, v in runs.items()}
         print(
-            f"| {batch_size} | {seq_len} | {med['dense']:.1f} | {med['single']:.1f} | {med['single'] / med['dense']:.3f} "
+            f"| {batch_size} | {seq_len} | {med['dense']:.1f} | {med['single']:.1f} "
+            f"| {med['single'] / med['dense']:.3f} "
             f"| {med['mixed']:.1f} | {med['mixed'] / med['dense']:.3f} |",
             flush=True,
         )

@@ -30,8 +30,11 @@ if __package__ in (None, ""):
 
 from moe_embed_cli import UsageError
 
-TASK_STEPS = [("retrieval", "query", "document", 0.03), ("classification", "classification", "classification", 0.03),
-              ("clustering", "clustering", "clustering", 0.06)]  # fmt: skip
+TASK_STEPS = [
+    ("retrieval", "query", "document", 0.03),
+    ("classification", "classification", "classification", 0.03),
+    ("clustering", "clustering", "clustering", 0.06),
+]
 
 
 def load_rows(pairs: str | None, limit: int = 4096) -> list[dict]:
@@ -88,8 +91,8 @@ def load(folder: str, seq_len: int, threads: int | None):
 
 def worker(folder: str, options: dict) -> None:
     """Train `steps` steps in this fresh process; print its peak memory above the libraries' as JSON."""
-    import torch  # noqa: F401  (imported before the baseline so that library memory is not counted)
     import sentence_transformers  # noqa: F401
+    import torch  # noqa: F401  (imported before the baseline so that library memory is not counted)
 
     from benchmarks.bench_memory import resident_kb
 
@@ -108,7 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=4, help="steps per timing round (default 4)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds (default 5)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--pairs", default=None, help="JSONL with anchor/positive/negative (default: shared SNLI triplets)")
+    parser.add_argument(
+        "--pairs", default=None, help="JSONL with anchor/positive/negative (default: shared SNLI triplets)"
+    )
     parser.add_argument("--worker", nargs=2, metavar=("FOLDER", "OPTIONS_JSON"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -120,20 +125,32 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as error:
         parser.error(str(error))
 
-    from convert.upcycle import main as upcycle, save_dense_with_prompts
+    from convert.upcycle import main as upcycle
+    from convert.upcycle import save_dense_with_prompts
 
     with tempfile.TemporaryDirectory() as tmp:
         dense_dir, mote_dir = str(Path(tmp) / "dense"), str(Path(tmp) / "mote")
         upcycle(["--output", mote_dir, "--no-verify"])
         save_dense_with_prompts(mote_dir, dense_dir)
         folders = {"dense + prompts": dense_dir, "MoTE": mote_dir}
-        options = {"batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps * 3, "threads": args.threads,
-                   "pairs": args.pairs}
+        options = {
+            "batch_size": args.batch_size,
+            "seq_len": args.seq_len,
+            "steps": args.steps * 3,
+            "threads": args.threads,
+            "pairs": args.pairs,
+        }
         peaks = {
-            name: json.loads(subprocess.run([sys.executable, __file__, "--worker", folder, json.dumps(options)],
-                                            capture_output=True, text=True, check=True).stdout.splitlines()[-1])["peak_mb"]
+            name: json.loads(
+                subprocess.run(
+                    [sys.executable, __file__, "--worker", folder, json.dumps(options)],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout.splitlines()[-1]
+            )["peak_mb"]
             for name, folder in folders.items()
-        }  # fmt: skip
+        }
         models = {name: load(folder, args.seq_len, args.threads) for name, folder in folders.items()}
         work = {name: batches(model, rows, args.batch_size, args.steps) for name, model in models.items()}
         steppers = {name: make_trainer(model) for name, model in models.items()}
@@ -151,11 +168,16 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     dense, mote = (statistics.median(rates[name]) for name in folders)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32; batch {args.batch_size} x 3 columns, "
-          f"{args.seq_len} tokens; median of {args.repeats} rounds of {args.steps} steps")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32; batch {args.batch_size} x 3 columns, "
+        f"{args.seq_len} tokens; median of {args.repeats} rounds of {args.steps} steps"
+    )
     print("| model | steps/s | x dense | peak memory added MB | x dense |\n|---|---:|---:|---:|---:|")
     for name, rate in (("dense + prompts", dense), ("MoTE", mote)):
-        print(f"| {name} | {rate:.3f} | {rate / dense:.3f} | {peaks[name]:.0f} | {peaks[name] / peaks['dense + prompts']:.2f} |")
+        print(
+            f"| {name} | {rate:.3f} | {rate / dense:.3f} | {peaks[name]:.0f} "
+            f"| {peaks[name] / peaks['dense + prompts']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

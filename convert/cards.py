@@ -67,8 +67,15 @@ def render_card(folder: Path, repo_id: str, **kwargs) -> None:
     build_card(folder, repo_id, **kwargs).save(str(Path(folder) / "README.md"))
 
 
-def build_card(folder: Path, repo_id: str, base_model: str | None = None, base_is_hub_id: bool | None = None,
-               license_id: str | None = None, untrained: bool = False, provenance: str | None = None):
+def build_card(
+    folder: Path,
+    repo_id: str,
+    base_model: str | None = None,
+    base_is_hub_id: bool | None = None,
+    license_id: str | None = None,
+    untrained: bool = False,
+    provenance: str | None = None,
+):
     """The `huggingface_hub.ModelCard` of the model a folder holds.
 
     `base_model` names the dense model it derives from; it goes into the metadata and gets a link
@@ -89,8 +96,12 @@ def build_card(folder: Path, repo_id: str, base_model: str | None = None, base_i
     card_data = ModelCardData(
         library_name="sentence-transformers",
         pipeline_tag="sentence-similarity",
-        tags=["sentence-transformers", "feature-extraction", *kind_tags.get(model_type, ["mote", "expert-averaging"]),
-              "moe-embed"],  # fmt: skip
+        tags=[
+            "sentence-transformers",
+            "feature-extraction",
+            *kind_tags.get(model_type, ["mote", "expert-averaging"]),
+            "moe-embed",
+        ],
         base_model=base_model if base_is_hub_id else None,
         license=license_id,
     )
@@ -115,7 +126,11 @@ def build_card(folder: Path, repo_id: str, base_model: str | None = None, base_i
         prompt_names=", ".join(f"`{name}`" for name in prompts),
         query_prefix=prompts.get("query", next(iter(prompts.values()), "")),
         task_rows=[
-            {"task": t, "prefix": config["task_prefixes"][t], "names": ", ".join(f"`{n}`" for n in [t, *names.get(t, [])])}
+            {
+                "task": t,
+                "prefix": config["task_prefixes"][t],
+                "names": ", ".join(f"`{n}`" for n in [t, *names.get(t, [])]),
+            }
             for t in config.get("tasks") or []
         ],
         total_params=f"{total / 1e6:.1f}M",

@@ -28,14 +28,31 @@ MODELING_DIR = Path(__file__).resolve().parent.parent / "modeling"
 HUB_CARDS_DIR = Path(__file__).resolve().parent.parent / "hub_cards"
 # BERT fields copied from a dense config into an EncoderConfig.
 ENCODER_FIELDS = (
-    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-    "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-    "initializer_range", "layer_norm_eps", "pad_token_id",
-)  # fmt: skip
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "initializer_range",
+    "layer_norm_eps",
+    "pad_token_id",
+)
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
-    "merges.txt", "sentencepiece.bpe.model", "spiece.model", "added_tokens.json",
-)  # fmt: skip
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "sentencepiece.bpe.model",
+    "spiece.model",
+    "added_tokens.json",
+)
 
 
 def bundled_minilm_path() -> str:
@@ -105,7 +122,10 @@ def load_tokenizer(folder: Path, trust_remote_code: bool = False):
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
     except Exception as error:  # corrupt or inconsistent tokenizer files
-        raise UsageError(f"cannot load the tokenizer of {folder}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}") from None
+        raise UsageError(
+            f"cannot load the tokenizer of {folder}: {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}"
+        ) from None
 
 
 def read_json(path: Path) -> dict:
@@ -220,7 +240,8 @@ def map_state_dict(
                 raise UsageError(f"checkpoint tensor {key} maps to {target}, which the target model lacks")
             if tuple(tensor.shape) != tuple(target_shapes[target]):
                 raise UsageError(
-                    f"shape mismatch: {key} -> {target}: got {tuple(tensor.shape)}, expected {tuple(target_shapes[target])}"
+                    f"shape mismatch: {key} -> {target}: got {tuple(tensor.shape)}, "
+                    f"expected {tuple(target_shapes[target])}"
                 )
             if target in mapped:
                 raise UsageError(f"two checkpoint tensors map to {target}")
@@ -296,7 +317,11 @@ def write_json(path: Path, data) -> None:
 
 
 def write_sentence_transformers_files(
-    source: Path, target: Path, st_module: str, prompts: dict[str, str], default_prompt_name: str | None = None,
+    source: Path,
+    target: Path,
+    st_module: str,
+    prompts: dict[str, str],
+    default_prompt_name: str | None = None,
     drop_module_keys: tuple[str, ...] = (),
 ) -> None:
     """Write `modules.json`, the module configs and `config_sentence_transformers.json`.
@@ -320,11 +345,15 @@ def write_sentence_transformers_files(
     else:
         dim = read_json(target / "config.json")["hidden_size"]
         (target / "1_Pooling").mkdir()
-        write_json(target / "1_Pooling" / "config.json", {"word_embedding_dimension": dim, "pooling_mode_mean_tokens": True})
+        write_json(
+            target / "1_Pooling" / "config.json", {"word_embedding_dimension": dim, "pooling_mode_mean_tokens": True}
+        )
         modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
     write_json(target / "modules.json", modules)
 
-    st_config = read_json(source / "sentence_bert_config.json") if (source / "sentence_bert_config.json").exists() else {}
+    st_config = (
+        read_json(source / "sentence_bert_config.json") if (source / "sentence_bert_config.json").exists() else {}
+    )
     st_config = {key: value for key, value in st_config.items() if key not in drop_module_keys}
     write_json(target / "sentence_bert_config.json", st_config)
     write_json(

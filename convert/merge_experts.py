@@ -52,7 +52,7 @@ def weighted_average(tensors: list[torch.Tensor], weights: list[float]) -> torch
     """
     base = tensors[0].double()
     total = base.clone()
-    for tensor, weight in zip(tensors[1:], weights[1:]):
+    for tensor, weight in zip(tensors[1:], weights[1:], strict=True):
         total += weight * (tensor.double() - base)
     return total.to(tensors[0].dtype)
 
@@ -102,7 +102,8 @@ def merge_mote(state: dict, config: dict, experts: list[int], weights: list[floa
         missing = [e for e in experts if e not in by_expert]
         if missing:
             raise UsageError(
-                f"the folder lacks experts {[config['tasks'][e] for e in missing]} for {target} (saved with active_tasks?)"
+                f"the folder lacks experts {[config['tasks'][e] for e in missing]} for {target} "
+                "(saved with active_tasks?)"
             )
         merged[target] = weighted_average([by_expert[e] for e in experts], weights)
     return merged
@@ -141,7 +142,7 @@ def router_usage(folder: Path, calibration: Path, experts: list[int], batch_size
         for start in tqdm(range(0, len(texts), batch_size), desc="calibration", unit="batch"):
             batch = tokenizer(texts[start : start + batch_size], padding=True, truncation=True, return_tensors="pt")
             out = model(**batch, output_router_logits=True)
-            for layer, logits in zip(model.config.moe_layers, out.router_logits):
+            for layer, logits in zip(model.config.moe_layers, out.router_logits, strict=True):
                 chosen = torch.topk(logits, model.config.num_experts_per_tok, dim=-1).indices.reshape(-1)
                 counts[layer] += torch.bincount(chosen, minlength=model.config.num_local_experts).float()
     usage = {}
@@ -154,7 +155,7 @@ def router_usage(folder: Path, calibration: Path, experts: list[int], batch_size
     return usage
 
 
-def dense_config(config: dict) -> "transformers.PretrainedConfig":  # noqa: F821
+def dense_config(config: dict) -> transformers.PretrainedConfig:  # noqa: F821
     """The transformers config of the dense model with the same encoder shape."""
     from transformers import AutoConfig
 
@@ -164,7 +165,8 @@ def dense_config(config: dict) -> "transformers.PretrainedConfig":  # noqa: F821
     expected_offset = position_offset(model_type, config.get("pad_token_id", 1))
     if config.get("position_offset", 0) != expected_offset:
         raise UsageError(
-            f"position_offset {config.get('position_offset')} does not match a {model_type} checkpoint ({expected_offset})"
+            f"position_offset {config.get('position_offset')} does not match a {model_type} checkpoint "
+            f"({expected_offset})"
         )
     fields = {key: config[key] for key in ENCODER_FIELDS if key in config}
     dense = AutoConfig.for_model(model_type, **fields, architectures=[DENSE_ARCHITECTURES[model_type]])
@@ -184,7 +186,8 @@ def merge(args) -> Path:
     model_type = config.get("model_type")
     if model_type not in ("mote_bert", "moe_bert"):
         raise UsageError(
-            f"{folder} holds model_type={model_type!r}; expected a MoTE (mote_bert) or token-routed MoE (moe_bert) folder"
+            f"{folder} holds model_type={model_type!r}; expected a MoTE (mote_bert) or token-routed MoE "
+            "(moe_bert) folder"
         )
     output = Path(args.output)
     refuse_overlap(folder, output)
@@ -209,14 +212,20 @@ def merge(args) -> Path:
         if args.task:
             task = chosen[0]
             prefix = config["task_prefixes"][task]
-            default_prompt = task if st_prompts.get(task) == prefix else next(
-                (name for name, text in st_prompts.items() if text == prefix), None)  # fmt: skip
+            default_prompt = (
+                task
+                if st_prompts.get(task) == prefix
+                else next((name for name, text in st_prompts.items() if text == prefix), None)
+            )
             if default_prompt is None:
                 default_prompt = task
                 st_prompts = {**st_prompts, task: prefix}
-            provenance = f"It holds the `{task}` task experts of the MoTE model, unchanged; `encode` prepends `{prefix}`."
+            provenance = (
+                f"It holds the `{task}` task experts of the MoTE model, unchanged; `encode` prepends `{prefix}`."
+            )
         else:
-            provenance = f"Expert Averaging of the task experts {chosen} ({', '.join(f'{w:.3g}' for w in normalised_weights(len(experts), weights))})."
+            shares = ", ".join(f"{w:.3g}" for w in normalised_weights(len(experts), weights))
+            provenance = f"Expert Averaging of the task experts {chosen} ({shares})."
     else:
         if args.task:
             raise UsageError("--task applies to MoTE folders; a token-routed MoE has no task experts")
@@ -257,11 +266,20 @@ def merge(args) -> Path:
         model.save_pretrained(tmp, max_shard_size=args.max_shard_size)
         copy_tokenizer_files(folder, tmp)
         write_sentence_transformers_files(
-            folder, tmp, "sentence_transformers.models.Transformer", st_prompts, default_prompt_name=default_prompt,
+            folder,
+            tmp,
+            "sentence_transformers.models.Transformer",
+            st_prompts,
+            default_prompt_name=default_prompt,
             drop_module_keys=("prepend_task_prefix",),
-        )  # fmt: skip
-        render_card(tmp, args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}", base_model=base_model,
-                    license_id=source_license(folder), provenance=provenance)  # fmt: skip
+        )
+        render_card(
+            tmp,
+            args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}",
+            base_model=base_model,
+            license_id=source_license(folder),
+            provenance=provenance,
+        )
     logger.info("wrote %s (%s)", output, provenance)
     return output
 
@@ -274,16 +292,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("model_dir", help="MoTE (mote_bert) or token-routed MoE (moe_bert) model folder")
     parser.add_argument("--output", required=True, help="folder to write")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument("--task", default=None, help="MoTE: export this task's experts (its prompt becomes the default)")
-    parser.add_argument("--experts", default=None,
-                        help="average only these experts: MoTE task names (e.g. clustering,document) or MoE indices (e.g. 0,3)")
+    parser.add_argument(
+        "--task", default=None, help="MoTE: export this task's experts (its prompt becomes the default)"
+    )
+    parser.add_argument(
+        "--experts",
+        default=None,
+        help="average only these experts: MoTE task names (e.g. clustering,document) or MoE indices (e.g. 0,3)",
+    )
     parser.add_argument("--weights", default=None, help="comma-separated weights of the averaged experts (normalised)")
-    parser.add_argument("--calibration", default=None,
-                        help="MoE: text file, one text per line; weight each layer's experts by their router usage on it")
-    parser.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
-                        help="dtype of the saved weights (default: that of the input)")
-    parser.add_argument("--max-shard-size", default="2GB", type=check_shard_size,
-                        help="safetensors shard size above which weights are split")
+    parser.add_argument(
+        "--calibration",
+        default=None,
+        help="MoE: text file, one text per line; weight each layer's experts by their router usage on it",
+    )
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "float16", "bfloat16"],
+        help="dtype of the saved weights (default: that of the input)",
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default="2GB",
+        type=check_shard_size,
+        help="safetensors shard size above which weights are split",
+    )
     parser.add_argument("--repo-id", default=None, help="Hub id shown in the model card's usage snippets")
     return parser
 

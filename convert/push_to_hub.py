@@ -91,7 +91,9 @@ def refreshed_card(folder: Path, repo_id: str) -> str:
     card.data.library_name = card.data.library_name or "sentence-transformers"
     card.data.pipeline_tag = card.data.pipeline_tag or "sentence-similarity"
     tags = list(card.data.tags or [])
-    for tag in ["sentence-transformers", "moe-embed"] + (["mixture-of-experts"] if model_type in ("mote_bert", "moe_bert") else []):
+    for tag in ["sentence-transformers", "moe-embed"] + (
+        ["mixture-of-experts"] if model_type in ("mote_bert", "moe_bert") else []
+    ):
         if tag not in tags:
             tags.append(tag)
     card.data.tags = tags
@@ -115,7 +117,9 @@ def push(args) -> str:
         for path in files_to_upload(folder)
         if path.relative_to(folder).as_posix() != "README.md"
     ]
-    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=refreshed_card(folder, args.repo_id).encode()))
+    operations.append(
+        CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=refreshed_card(folder, args.repo_id).encode())
+    )
     api = HfApi()
     try:
         api.create_repo(args.repo_id, private=args.private, exist_ok=True)
@@ -125,7 +129,9 @@ def push(args) -> str:
             args.repo_id, operations=operations, commit_message=args.commit_message, revision=args.revision
         )
     except Exception as error:  # HTTP and auth errors: report the message, never the token
-        raise UsageError(f"upload to {args.repo_id} failed: {type(error).__name__}: {str(error).splitlines()[0]}") from None
+        raise UsageError(
+            f"upload to {args.repo_id} failed: {type(error).__name__}: {str(error).splitlines()[0]}"
+        ) from None
     logger.info("uploaded %d files to %s: %s", len(operations), args.repo_id, commit.commit_url)
     return commit.commit_url
 

@@ -95,13 +95,18 @@ def prefix_token_ids(tokenizer, prefix: str) -> list[int]:
     first = tokenizer(prefix + "hello world")["input_ids"]
     second = tokenizer(prefix + "42 apples")["input_ids"]
     common = []
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=False):
         if a != b:
             break
         common.append(a)
     bare = tokenizer("hello world")["input_ids"]
     leading = 0
-    while leading < len(bare) and leading < len(common) and bare[leading] == common[leading] and bare[leading] in tokenizer.all_special_ids:
+    while (
+        leading < len(bare)
+        and leading < len(common)
+        and bare[leading] == common[leading]
+        and bare[leading] in tokenizer.all_special_ids
+    ):
         leading += 1
     if len(common) <= leading:
         raise UsageError(f"prefix {prefix!r} produces no tokens of its own with this tokenizer")
@@ -165,9 +170,14 @@ def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycl
             raise UsageError(f"tasks {seen[tuple(ids)]!r} and {name!r} have prefixes that tokenize identically")
         seen[tuple(ids)] = name
     config = _config(
-        MoteBertConfig, **encoder_config_kwargs(dense_config, dense_state), tasks=list(tasks), task_prefixes=tasks,
-        task_prefix_ids=prefix_ids, default_task=args.default_task, expert_layers=args.expert_layers,
-    )  # fmt: skip
+        MoteBertConfig,
+        **encoder_config_kwargs(dense_config, dense_state),
+        tasks=list(tasks),
+        task_prefixes=tasks,
+        task_prefix_ids=prefix_ids,
+        default_task=args.default_task,
+        expert_layers=args.expert_layers,
+    )
     model = fill_model(MoteBertModel, config, dense_state, mote_rename(set(config.expert_layers), config.num_tasks))
     return Upcycled(
         model=model,
@@ -179,11 +189,16 @@ def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycl
 def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
     """Token-routed sparse MoE (Nomic Embed v2): every MoE layer's FFN copied into each expert."""
     config = _config(
-        MoeBertConfig, **encoder_config_kwargs(dense_config, dense_state), num_local_experts=args.num_experts,
-        num_experts_per_tok=args.experts_per_token, moe_layers=args.moe_layers, norm_topk_prob=args.norm_topk_prob,
-        router_aux_loss_coef=args.router_aux_loss_coef, router_z_loss_coef=args.router_z_loss_coef,
+        MoeBertConfig,
+        **encoder_config_kwargs(dense_config, dense_state),
+        num_local_experts=args.num_experts,
+        num_experts_per_tok=args.experts_per_token,
+        moe_layers=args.moe_layers,
+        norm_topk_prob=args.norm_topk_prob,
+        router_aux_loss_coef=args.router_aux_loss_coef,
+        router_z_loss_coef=args.router_z_loss_coef,
         router_jitter_noise=args.router_jitter_noise,
-    )  # fmt: skip
+    )
     if args.expert_noise < 0:
         raise UsageError(f"--expert-noise must be >= 0, got {args.expert_noise}")
     generator = torch.Generator().manual_seed(args.seed)
@@ -191,9 +206,10 @@ def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycle
     for layer in config.moe_layers:
         shape = (config.num_local_experts, config.hidden_size)
         routers[moe_router_key(layer)] = (
-            torch.zeros(shape) if args.router_init == "zeros"
+            torch.zeros(shape)
+            if args.router_init == "zeros"
             else config.initializer_range * torch.randn(shape, generator=generator)
-        )  # fmt: skip
+        )
     rename = moe_rename(set(config.moe_layers), config.num_local_experts, args.expert_noise, generator)
     model = fill_model(MoeBertModel, config, dense_state, rename, new_tensors=routers)
     return Upcycled(
@@ -251,9 +267,19 @@ def verify_against_dense(model, tokenizer, source: Path, dense_state: dict, prom
 BUILDERS = {"mote": build_mote, "moe": build_moe}
 ARCH_OPTIONS = {
     "mote": ("expert_layers", "default_task"),
-    "moe": ("num_experts", "experts_per_token", "moe_layers", "norm_topk_prob", "router_init", "expert_noise",
-            "router_aux_loss_coef", "router_z_loss_coef", "router_jitter_noise", "seed"),
-}  # fmt: skip
+    "moe": (
+        "num_experts",
+        "experts_per_token",
+        "moe_layers",
+        "norm_topk_prob",
+        "router_init",
+        "expert_noise",
+        "router_aux_loss_coef",
+        "router_z_loss_coef",
+        "router_jitter_noise",
+        "seed",
+    ),
+}
 
 
 def refuse_flags_of_other_architectures(args) -> None:
@@ -265,6 +291,8 @@ def refuse_flags_of_other_architectures(args) -> None:
         given = [f"--{o.replace('_', '-')}" for o in options if getattr(args, o) != defaults[o]]
         if given:
             raise UsageError(f"{', '.join(given)} only apply to --arch {arch} (this run is --arch {args.arch})")
+
+
 DEFAULT_OUTPUTS = {"mote": "models/mote-minilm", "moe": "models/moe-minilm"}
 
 
@@ -286,8 +314,10 @@ def upcycle(args) -> Path:
     if args.no_verify:
         logger.info("skipping the check against the dense model (--no-verify)")
     elif not upcycled.exact:
-        logger.info("not checking against the dense model: without --norm-topk-prob, or with expert noise, "
-                    "the upcycled model is not meant to reproduce it")  # fmt: skip
+        logger.info(
+            "not checking against the dense model: without --norm-topk-prob, or with expert noise, "
+            "the upcycled model is not meant to reproduce it"
+        )
     else:
         worst = verify_against_dense(upcycled.model, tokenizer, source, dense_state, upcycled.prompts)
         logger.info("max |upcycled - dense| over all prompts: %.2e", worst)
@@ -303,8 +333,14 @@ def upcycle(args) -> Path:
         copy_modeling_files(tmp, [upcycled.st_module.split(".")[0] + ".py"])
         copy_tokenizer_files(source, tmp)
         write_sentence_transformers_files(source, tmp, upcycled.st_module, upcycled.prompts)
-        render_card(tmp, args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}", base_model=base_name,
-                    base_is_hub_id=not local_base, license_id=source_license(source), untrained=True)
+        render_card(
+            tmp,
+            args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}",
+            base_model=base_name,
+            base_is_hub_id=not local_base,
+            license_id=source_license(source),
+            untrained=True,
+        )
     logger.info("wrote %s (%s, %s)", output, args.arch, args.dtype)
     return output
 
@@ -314,45 +350,83 @@ def build_parser() -> argparse.ArgumentParser:
         description="Upcycle a dense bert/roberta/xlm-roberta checkpoint into an expert model folder.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--arch", choices=sorted(BUILDERS), default="mote",
-                        help="mote: one expert per task, routed per sequence by the instruction; "
-                             "moe: token-routed top-k experts (Nomic Embed v2)")
-    parser.add_argument("--base", default=None,
-                        help="local folder or Hub id of the dense checkpoint (default: the bundled all-MiniLM-L6-v2)")
-    parser.add_argument("--output", default=None,
-                        help="folder to write (default: models/mote-minilm or models/moe-minilm)")
+    parser.add_argument(
+        "--arch",
+        choices=sorted(BUILDERS),
+        default="mote",
+        help="mote: one expert per task, routed per sequence by the instruction; "
+        "moe: token-routed top-k experts (Nomic Embed v2)",
+    )
+    parser.add_argument(
+        "--base",
+        default=None,
+        help="local folder or Hub id of the dense checkpoint (default: the bundled all-MiniLM-L6-v2)",
+    )
+    parser.add_argument(
+        "--output", default=None, help="folder to write (default: models/mote-minilm or models/moe-minilm)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument("--tasks", nargs="+", default=[f"{t}={p}" for t, p in DEFAULT_TASK_PREFIXES.items()],
-                        metavar="NAME=PREFIX",
-                        help="tasks, each NAME=PREFIX (or a known NAME alone): MoTE's experts in order; "
-                             "for both architectures the Sentence-Transformers prompts")
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=[f"{t}={p}" for t, p in DEFAULT_TASK_PREFIXES.items()],
+        metavar="NAME=PREFIX",
+        help="tasks, each NAME=PREFIX (or a known NAME alone): MoTE's experts in order; "
+        "for both architectures the Sentence-Transformers prompts",
+    )
     mote = parser.add_argument_group("mote")
-    mote.add_argument("--expert-layers", default="every_other",
-                      help="layers that get task experts: all, every_other (1,3,5,...) or comma-separated indices")
-    mote.add_argument("--default-task", default=None,
-                      help="task for inputs that name none and carry no prefix (default: such inputs are an error)")
+    mote.add_argument(
+        "--expert-layers",
+        default="every_other",
+        help="layers that get task experts: all, every_other (1,3,5,...) or comma-separated indices",
+    )
+    mote.add_argument(
+        "--default-task",
+        default=None,
+        help="task for inputs that name none and carry no prefix (default: such inputs are an error)",
+    )
     moe = parser.add_argument_group("moe")
     moe.add_argument("--num-experts", type=int, default=8, help="experts per MoE layer")
     moe.add_argument("--experts-per-token", type=int, default=2, help="experts each token is routed to (top-k)")
-    moe.add_argument("--moe-layers", default="every_other",
-                     help="layers whose FFN becomes an MoE block: every_other (1,3,5,...), all, or indices")
-    moe.add_argument("--norm-topk-prob", action="store_true",
-                     help="renormalise the top-k router weights to sum to 1 (then the upcycled model equals the dense one)")
-    moe.add_argument("--router-init", choices=["normal", "zeros"], default="normal",
-                     help="router weights: normal(0, initializer_range) or zeros (uniform routing)")
-    moe.add_argument("--expert-noise", type=float, default=0.0,
-                     help="std of Gaussian noise added to each expert's weights to break symmetry")
+    moe.add_argument(
+        "--moe-layers",
+        default="every_other",
+        help="layers whose FFN becomes an MoE block: every_other (1,3,5,...), all, or indices",
+    )
+    moe.add_argument(
+        "--norm-topk-prob",
+        action="store_true",
+        help="renormalise the top-k router weights to sum to 1 (then the upcycled model equals the dense one)",
+    )
+    moe.add_argument(
+        "--router-init",
+        choices=["normal", "zeros"],
+        default="normal",
+        help="router weights: normal(0, initializer_range) or zeros (uniform routing)",
+    )
+    moe.add_argument(
+        "--expert-noise",
+        type=float,
+        default=0.0,
+        help="std of Gaussian noise added to each expert's weights to break symmetry",
+    )
     moe.add_argument("--router-aux-loss-coef", type=float, default=1.0, help="load-balancing loss weight (paper: 1)")
     moe.add_argument("--router-z-loss-coef", type=float, default=0.0, help="router z-loss weight")
     moe.add_argument("--router-jitter-noise", type=float, default=0.0, help="router input jitter in training")
     moe.add_argument("--seed", type=int, default=0, help="seed for the router init and expert noise")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                        help="dtype of the saved weights")
-    parser.add_argument("--max-shard-size", default="2GB", type=check_shard_size,
-                        help="safetensors shard size above which weights are split")
+    parser.add_argument(
+        "--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved weights"
+    )
+    parser.add_argument(
+        "--max-shard-size",
+        default="2GB",
+        type=check_shard_size,
+        help="safetensors shard size above which weights are split",
+    )
     parser.add_argument("--repo-id", default=None, help="Hub id shown in the model card's usage snippets")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="skip the check that the upcycled model reproduces the dense model")
+    parser.add_argument(
+        "--no-verify", action="store_true", help="skip the check that the upcycled model reproduces the dense model"
+    )
     return parser
 
 

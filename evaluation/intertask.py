@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import random
 import sys
 from itertools import combinations
@@ -31,8 +30,12 @@ from evaluation import data as D
 from moe_embed_cli import UsageError, run_cli
 
 TASKS = ("query", "document", "classification", "clustering")
-LABELS = {"query": "search query", "document": "search document", "classification": "classification",
-          "clustering": "clustering"}  # fmt: skip
+LABELS = {
+    "query": "search query",
+    "document": "search document",
+    "classification": "classification",
+    "clustering": "clustering",
+}
 
 
 def task_embeddings(model, texts: list[str], batch_size: int = 32) -> dict[str, np.ndarray]:
@@ -40,8 +43,17 @@ def task_embeddings(model, texts: list[str], batch_size: int = 32) -> dict[str, 
     missing = [task for task in TASKS if task not in (model.prompts or {})]
     if missing:
         raise UsageError(f"the model defines no prompt for {missing}; expected prompts named {', '.join(TASKS)}")
-    return {task: model.encode(texts, prompt_name=task, batch_size=batch_size, normalize_embeddings=True,
-                               convert_to_numpy=True, show_progress_bar=False) for task in TASKS}  # fmt: skip
+    return {
+        task: model.encode(
+            texts,
+            prompt_name=task,
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        for task in TASKS
+    }
 
 
 def pair_similarities(embeddings: dict[str, np.ndarray]) -> dict[tuple[str, str], np.ndarray]:
@@ -63,9 +75,15 @@ def compare(similarities: list[dict], names: list[str]) -> list[dict]:
     for pair in similarities[0]:
         first, second = similarities[0][pair], similarities[1][pair]
         t, p = welch_less(first, second)
-        rows.append({"tasks": list(pair), **{f"{name}_mean": float(s[pair].mean()) for name, s in zip(names, similarities)},
-                     **{f"{name}_sd": float(s[pair].std(ddof=1)) for name, s in zip(names, similarities)},
-                     "t": t, "p": p})  # fmt: skip
+        rows.append(
+            {
+                "tasks": list(pair),
+                **{f"{name}_mean": float(s[pair].mean()) for name, s in zip(names, similarities, strict=True)},
+                **{f"{name}_sd": float(s[pair].std(ddof=1)) for name, s in zip(names, similarities, strict=True)},
+                "t": t,
+                "p": p,
+            }
+        )
     return rows
 
 
@@ -79,10 +97,16 @@ def plot(similarities: list[dict], names: list[str], path: Path) -> None:
     pairs = list(similarities[0])
     figure, axis = plt.subplots(figsize=(1.9 * len(pairs) + 1, 4.2))
     width = 0.8 / len(names)
-    for index, (name, values) in enumerate(zip(names, similarities)):
+    for index, (name, values) in enumerate(zip(names, similarities, strict=True)):
         positions = [p + (index - (len(names) - 1) / 2) * width for p in range(len(pairs))]
-        boxes = axis.boxplot([values[pair] for pair in pairs], positions=positions, widths=width * 0.9,
-                             patch_artist=True, showfliers=False, medianprops={"color": "black"})  # fmt: skip
+        boxes = axis.boxplot(
+            [values[pair] for pair in pairs],
+            positions=positions,
+            widths=width * 0.9,
+            patch_artist=True,
+            showfliers=False,
+            medianprops={"color": "black"},
+        )
         for box in boxes["boxes"]:
             box.set_facecolor(f"C{index}")
         axis.plot([], [], color=f"C{index}", linewidth=8, label=name)
@@ -107,7 +131,9 @@ def default_texts(root: Path, count: int, seed: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("models", nargs=2, help="two model folders or Hub ids; the test asks whether the first is lower")
+    parser.add_argument(
+        "models", nargs=2, help="two model folders or Hub ids; the test asks whether the first is lower"
+    )
     parser.add_argument("--names", default=None, help="comma-separated display names of the two models")
     parser.add_argument("--output-dir", required=True, help="folder for intertask.json and intertask.png")
     parser.add_argument("--texts", default=None, help="file with one text per line (default: SciFact documents)")
@@ -135,14 +161,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = compare(similarities, names)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "intertask.json").write_text(json.dumps({"models": dict(zip(names, args.models)), "texts": len(texts),
-                                                    "pairs": rows}, indent=2) + "\n")  # fmt: skip
+    (out / "intertask.json").write_text(
+        json.dumps({"models": dict(zip(names, args.models, strict=True)), "texts": len(texts), "pairs": rows}, indent=2)
+        + "\n"
+    )
     plot(similarities, names, out / "intertask.png")
     a, b = names
     print(f"| tasks | {a} | {b} | Welch t | p ({a} < {b}) |\n|---|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {LABELS[row['tasks'][0]]} vs {LABELS[row['tasks'][1]]} | {row[f'{a}_mean']:.3f} ± {row[f'{a}_sd']:.3f} "
-              f"| {row[f'{b}_mean']:.3f} ± {row[f'{b}_sd']:.3f} | {row['t']:.2f} | {format_p(row['p'])} |")
+        print(
+            f"| {LABELS[row['tasks'][0]]} vs {LABELS[row['tasks'][1]]} | {row[f'{a}_mean']:.3f} ± {row[f'{a}_sd']:.3f} "
+            f"| {row[f'{b}_mean']:.3f} ± {row[f'{b}_sd']:.3f} | {row['t']:.2f} | {format_p(row['p'])} |"
+        )
     return rows
 
 

@@ -21,8 +21,11 @@ def mean_pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", nargs="?", default="models/mote-minilm", help="MoTE model folder or Hub id")
-    parser.add_argument("--text", default="Isaac Newton formulated the laws of motion and universal gravitation.",
-                        help="text to embed under every task")
+    parser.add_argument(
+        "--text",
+        default="Isaac Newton formulated the laws of motion and universal gravitation.",
+        help="text to embed under every task",
+    )
     args = parser.parse_args()
 
     # 1. transformers: the expert is read from the instruction prefix, or named with task=.
@@ -44,14 +47,14 @@ def main() -> None:
     print(f"SentenceTransformer and AutoModel + mean pooling agree to {agree:.1e}\n")
 
     print(f"text: {args.text!r}")
-    for task, vector in zip(tasks, st_embeddings):
+    for task, vector in zip(tasks, st_embeddings, strict=True):
         head = ", ".join(f"{x:+.4f}" for x in vector[:6].tolist())
         print(f"  {task:<15} prompt {st.prompts[task]!r:<22} [{head}, ...] (dim {vector.numel()})")
 
     similarity = st.similarity(st_embeddings, st_embeddings)
     print("\ninter-task cosine similarity of the same text:")
     print(" " * 16 + "".join(f"{t[:12]:>14}" for t in tasks))
-    for task, row in zip(tasks, similarity.tolist()):
+    for task, row in zip(tasks, similarity.tolist(), strict=True):
         print(f"  {task:<14}" + "".join(f"{v:>14.4f}" for v in row))
 
     query = st.encode_query(["who discovered gravity?"])

@@ -1,6 +1,6 @@
 """Route inputs to MoTE experts with plain transformers: by instruction prefix, or with task=.
 
-    python examples/route_with_automodel.py models/mote-minilm
+python examples/route_with_automodel.py models/mote-minilm
 """
 
 import argparse
@@ -32,7 +32,12 @@ def main() -> None:
         per_row = model(**plain, task=["query", "passage"])
     print("task='classification':", [model.config.tasks[i] for i in one.task_ids.tolist()])
     print("task=['query', 'passage']:", [model.config.tasks[i] for i in per_row.task_ids.tolist()])
-    print("last_hidden_state:", tuple(per_row.last_hidden_state.shape), "pooler_output:", tuple(per_row.pooler_output.shape))
+    print(
+        "last_hidden_state:",
+        tuple(per_row.last_hidden_state.shape),
+        "pooler_output:",
+        tuple(per_row.pooler_output.shape),
+    )
 
     # 3. Without a task or a prefix the model refuses, naming what it accepts.
     try:

@@ -1,6 +1,6 @@
 """Encode with Sentence-Transformers: prompts, encode_query/encode_document and a small search.
 
-    python examples/semantic_search.py models/mote-minilm
+python examples/semantic_search.py models/mote-minilm
 """
 
 import argparse
@@ -29,7 +29,7 @@ def main() -> None:
     query_embeddings = model.encode_query(QUERIES)
     document_embeddings = model.encode_document(DOCUMENTS)
     scores = model.similarity(query_embeddings, document_embeddings)
-    for query, row in zip(QUERIES, scores):
+    for query, row in zip(QUERIES, scores, strict=True):
         best = int(row.argmax())
         print(f"{query!r:32} -> {DOCUMENTS[best]!r} ({row[best]:.3f})")
 

@@ -45,8 +45,15 @@ logger = logging.getLogger("experiment")
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("ic", "mote", "static", "ea")
 # One epoch of (anchor, positive) pairs, inputs cut to 64 tokens: about 3 minutes a run on 2 CPU cores.
-TRAINING = {"batch_size": 32, "epochs": 1, "learning_rate": 2.0e-5, "warmup_steps": 12, "max_seq_length": 64,
-            "save_steps": 0, "logging_steps": 16}  # fmt: skip
+TRAINING = {
+    "batch_size": 32,
+    "epochs": 1,
+    "learning_rate": 2.0e-5,
+    "warmup_steps": 12,
+    "max_seq_length": 64,
+    "save_steps": 0,
+    "logging_steps": 16,
+}
 
 
 def run(command: list[str], log: Path) -> None:
@@ -54,8 +61,13 @@ def run(command: list[str], log: Path) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with open(log, "w") as handle:
-        result = subprocess.run([sys.executable, *command], cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, *command],
+            cwd=REPO,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
     if result.returncode:
         raise SystemExit(f"error: `{' '.join(command)}` failed (exit {result.returncode}); see {log}")
     logger.info("%s done in %.0f s", log.stem, time.perf_counter() - start)
@@ -65,7 +77,10 @@ def prepare(out: Path) -> dict:
     """Training data, the upcycled MoTE and the dense model with MoTE's prompts; returns `tasks:`."""
     tasks = prepare_data.write(prepare_data.build(prepare_data.D.data_dir()), out / "data", negatives=False)
     if not (out / "mote-base" / "config.json").exists():
-        run(["convert/upcycle.py", "--base", bundled_minilm_path(), "--output", str(out / "mote-base")], out / "logs" / "upcycle.log")
+        run(
+            ["convert/upcycle.py", "--base", bundled_minilm_path(), "--output", str(out / "mote-base")],
+            out / "logs" / "upcycle.log",
+        )
     if not (out / "ic-base" / "config.json").exists():
         save_dense_with_prompts(out / "mote-base", out / "ic-base")
     return tasks
@@ -80,8 +95,14 @@ def train(out: Path, variant: str, seed: int, tasks: dict) -> Path:
         source = train(out, "mote", seed, tasks)
         run(["convert/merge_experts.py", str(source), "--output", str(folder)], out / "logs" / f"{folder.name}.log")
         return folder
-    config = {**TRAINING, "seed": seed, "output_dir": str(folder), "tasks": tasks,
-              "model": str(out / ("ic-base" if variant == "ic" else "mote-base")), "trust_remote_code": variant != "ic"}
+    config = {
+        **TRAINING,
+        "seed": seed,
+        "output_dir": str(folder),
+        "tasks": tasks,
+        "model": str(out / ("ic-base" if variant == "ic" else "mote-base")),
+        "trust_remote_code": variant != "ic",
+    }
     if variant == "static":
         config.update(curriculum="static", temperature=0.03)
     path = out / "configs" / f"{folder.name}.yaml"
@@ -95,8 +116,10 @@ def evaluate(out: Path, name: str, model: str, tasks: str) -> dict:
     result = out / "results" / f"{name}.json"
     if not result.exists():
         result.parent.mkdir(parents=True, exist_ok=True)
-        run(["-m", "evaluation.run", model, "--tasks", tasks, "--output", str(result), "--trust-remote-code"],
-            out / "logs" / f"eval-{name}.log")  # fmt: skip
+        run(
+            ["-m", "evaluation.run", model, "--tasks", tasks, "--output", str(result), "--trust-remote-code"],
+            out / "logs" / f"eval-{name}.log",
+        )
     return json.loads(result.read_text())
 
 
@@ -127,15 +150,28 @@ def report(results: dict[str, dict[int, dict]], task_names: list[str], reference
     lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
     for name, runs in results.items():
         rows = [scores(run, task_names) for run in runs.values()]
-        lines.append(f"| {name} | " + " | ".join(summary([row[key] for row in rows]) for key in keys) + f" | {len(runs)} |")
+        lines.append(
+            f"| {name} | " + " | ".join(summary([row[key] for row in rows]) for key in keys) + f" | {len(runs)} |"
+        )
     paired = [name for name in results if name != reference and set(results[name]) & set(results.get(reference, {}))]
     if paired:
-        lines += ["", f"Difference to {reference}, same seed:", "",
-                  "| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]  # fmt: skip
+        lines += [
+            "",
+            f"Difference to {reference}, same seed:",
+            "",
+            "| model | " + " | ".join(columns) + " |",
+            "|---|" + "---:|" * len(columns),
+        ]
         for name in paired:
             seeds = sorted(set(results[name]) & set(results[reference]))
-            deltas = [{key: scores(results[name][seed], task_names)[key] - scores(results[reference][seed], task_names)[key]
-                       for key in keys} for seed in seeds]  # fmt: skip
+            deltas = [
+                {
+                    key: scores(results[name][seed], task_names)[key]
+                    - scores(results[reference][seed], task_names)[key]
+                    for key in keys
+                }
+                for seed in seeds
+            ]
             cells = " | ".join(summary([delta[key] for delta in deltas], signed=True) for key in keys)
             lines.append(f"| {name} − {reference} | {cells} | {len(seeds)} |")
     return "\n".join(lines) + "\n"
@@ -154,8 +190,11 @@ def saved_results(out: Path, runs: dict[str, dict[int, str]]) -> dict[str, dict[
     """The scores in `out/results/` that exist (`runs`: model -> seed -> result name)."""
     results = {}
     for model, names in runs.items():
-        found = {seed: json.loads(path.read_text()) for seed, name in names.items()
-                 if (path := out / "results" / f"{name}.json").exists()}  # fmt: skip
+        found = {
+            seed: json.loads(path.read_text())
+            for seed, name in names.items()
+            if (path := out / "results" / f"{name}.json").exists()
+        }
         if found:
             results[model] = found
     return results
@@ -167,8 +206,11 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
     parser.add_argument("--tasks", default="all", help="evaluation tasks (evaluation.run names, or 'all')")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
-    parser.add_argument("--report-only", action="store_true",
-                        help="write report.md from the scores in OUTPUT/results only (nothing is trained or evaluated)")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="write report.md from the scores in OUTPUT/results only (nothing is trained or evaluated)",
+    )
     parser.add_argument("--reference", default="ic", help="variant the per-seed differences are taken to (default ic)")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -191,7 +233,9 @@ def main(argv: list[str] | None = None) -> str:
         for variant in variants:
             name = f"{variant}-s{seed}"
             # a run whose scores exist is not trained again (results/ may come from an earlier machine)
-            folder = out / "runs" / name if (out / "results" / f"{name}.json").exists() else train(out, variant, seed, tasks)
+            folder = (
+                out / "runs" / name if (out / "results" / f"{name}.json").exists() else train(out, variant, seed, tasks)
+            )
             results.setdefault(variant, {})[seed] = evaluate(out, name, str(folder), ",".join(task_names))
         text = write_report(out, results, task_names, args.reference)
     return text

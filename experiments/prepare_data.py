@@ -33,11 +33,26 @@ from evaluation import data as D
 from moe_embed_cli import run_cli
 from training.data_tools import write_rows
 
-CAPS = {"scifact": 600, "snli": 600, "trecqa": 200, "banking77": 500, "emotion": 500, "amazon_counterfactual": 500,
-        "trec": 600, "paraphrases": 600}  # fmt: skip
-TASK_OF = {"scifact": "retrieval", "snli": "retrieval", "trecqa": "retrieval", "banking77": "classification",
-           "emotion": "classification", "amazon_counterfactual": "classification", "trec": "clustering",
-           "paraphrases": "clustering"}  # fmt: skip
+CAPS = {
+    "scifact": 600,
+    "snli": 600,
+    "trecqa": 200,
+    "banking77": 500,
+    "emotion": 500,
+    "amazon_counterfactual": 500,
+    "trec": 600,
+    "paraphrases": 600,
+}
+TASK_OF = {
+    "scifact": "retrieval",
+    "snli": "retrieval",
+    "trecqa": "retrieval",
+    "banking77": "classification",
+    "emotion": "classification",
+    "amazon_counterfactual": "classification",
+    "trec": "clustering",
+    "paraphrases": "clustering",
+}
 
 
 def same_label_rows(texts: list[str], labels: list[str], cap: int, rng: random.Random) -> list[dict]:
@@ -81,9 +96,15 @@ def build(root: Path, seed: int = 0) -> dict[str, list[dict]]:
     positives = D.read_jsonl(root / "training_pairs/positive_pairs.jsonl")
     trecqa = [(r["anchor"], r["positive"]) for r in positives if r["source"].startswith("trecqa")]
     datasets["trecqa"] = with_random_negatives(trecqa, [p for _, p in trecqa], CAPS["trecqa"], rng)
-    for name, train, label in [("banking77", "train.tsv", "label"), ("emotion", "train.tsv", "label"),
-                               ("amazon_counterfactual", "en_train.tsv", "label"), ("trec", "train.tsv", "fine_label")]:
-        texts = D.labelled_texts(root / "classification" / name, None, train, label=label)  # the train split, read as "test"
+    for name, train, label in [
+        ("banking77", "train.tsv", "label"),
+        ("emotion", "train.tsv", "label"),
+        ("amazon_counterfactual", "en_train.tsv", "label"),
+        ("trec", "train.tsv", "fine_label"),
+    ]:
+        texts = D.labelled_texts(
+            root / "classification" / name, None, train, label=label
+        )  # the train split, read as "test"
         datasets[name] = same_label_rows(texts.test_texts, texts.test_labels, CAPS[name], rng)
     paraphrases = [(r["anchor"], r["positive"]) for r in positives if not r["source"].startswith(("trecqa", "snli"))]
     datasets["paraphrases"] = with_random_negatives(paraphrases, [p for _, p in paraphrases], CAPS["paraphrases"], rng)

@@ -2,7 +2,6 @@
 
 from .configuration_encoder import EncoderConfig, resolve_layer_indices
 
-
 DEFAULT_TASK_PREFIXES = {
     "query": "search_query: ",
     "document": "search_document: ",

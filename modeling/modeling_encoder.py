@@ -55,8 +55,9 @@ class EncoderEmbeddings(nn.Module):
             inputs_embeds = self.word_embeddings(input_ids)
         seq_length = inputs_embeds.shape[1]
         if position_ids is None and self.position_offset + seq_length > self.position_embeddings.num_embeddings:
+            positions = self.position_embeddings.num_embeddings - self.position_offset
             raise ValueError(
-                f"Input of {seq_length} tokens is longer than the {self.position_embeddings.num_embeddings - self.position_offset} "
+                f"Input of {seq_length} tokens is longer than the {positions} "
                 "positions this model has; truncate it (tokenizer(..., truncation=True))"
             )
         # Positions are computed, not kept in a buffer: models are built on the meta device by
@@ -228,8 +229,15 @@ class EncoderStack(nn.Module):
             for i in range(config.num_hidden_layers)
         )
 
-    def forward(self, hidden_states, attention_mask=None, routing=None, output_hidden_states=False,
-                output_attentions=False, **kwargs) -> EncoderBackboneOutput:
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        routing=None,
+        output_hidden_states=False,
+        output_attentions=False,
+        **kwargs,
+    ) -> EncoderBackboneOutput:
         all_hidden = (hidden_states,) if output_hidden_states else None
         all_attentions = () if output_attentions else None
         all_aux = ()
@@ -280,9 +288,17 @@ class EncoderPreTrainedModel(PreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
-    def forward_backbone(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None,
-                         inputs_embeds=None, routing=None, output_hidden_states=None,
-                         output_attentions=None) -> EncoderBackboneOutput:
+    def forward_backbone(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        routing=None,
+        output_hidden_states=None,
+        output_attentions=None,
+    ) -> EncoderBackboneOutput:
         """Run the embeddings, the layer stack (with `routing` for expert layers) and the pooler.
 
         The padding mask is turned into each attention backend's format by transformers'

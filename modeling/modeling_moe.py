@@ -102,7 +102,9 @@ class MoeBertExperts(nn.Module):
         self.num_experts = config.num_local_experts
         self.up_proj = nn.Parameter(torch.empty(config.num_local_experts, config.intermediate_size, config.hidden_size))
         self.up_proj_bias = nn.Parameter(torch.empty(config.num_local_experts, config.intermediate_size))
-        self.down_proj = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size, config.intermediate_size))
+        self.down_proj = nn.Parameter(
+            torch.empty(config.num_local_experts, config.hidden_size, config.intermediate_size)
+        )
         self.down_proj_bias = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size))
         self.act_fn = ACT2FN[config.hidden_act]
 
@@ -123,7 +125,9 @@ class MoeBertExperts(nn.Module):
                 continue
             end = start + count
             h = nn.functional.linear(sorted_inputs[start:end], self.up_proj[expert], self.up_proj_bias[expert])
-            sorted_outputs[start:end] = nn.functional.linear(self.act_fn(h), self.down_proj[expert], self.down_proj_bias[expert])
+            sorted_outputs[start:end] = nn.functional.linear(
+                self.act_fn(h), self.down_proj[expert], self.down_proj_bias[expert]
+            )
             start = end
         slot_outputs = torch.empty_like(sorted_outputs)
         slot_outputs[order] = sorted_outputs  # back to (token, slot) order
@@ -243,8 +247,13 @@ class MoeBertModel(MoeBertPreTrainedModel):
             else:
                 token_index = attention_mask.reshape(-1).nonzero().squeeze(-1)
         backbone = self.forward_backbone(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            routing=MoeRouting(token_index), output_hidden_states=output_hidden_states,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            routing=MoeRouting(token_index),
+            output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
         )
         router_logits = backbone.layer_aux
@@ -264,9 +273,12 @@ class MoeBertModel(MoeBertPreTrainedModel):
         """`router_aux_loss_coef · load balancing + router_z_loss_coef · z-loss`, averaged over the MoE
         layers' router logits (each `(non-padding tokens, experts)`), on `device`."""
         config = self.config  # with a device map, MoE layers may sit on several devices
-        loss = config.router_aux_loss_coef * torch.stack(
-            [load_balancing_loss(logits, config.num_experts_per_tok).to(device) for logits in router_logits]
-        ).mean()
+        loss = (
+            config.router_aux_loss_coef
+            * torch.stack(
+                [load_balancing_loss(logits, config.num_experts_per_tok).to(device) for logits in router_logits]
+            ).mean()
+        )
         if config.router_z_loss_coef:
             z_losses = [router_z_loss(logits).to(device) for logits in router_logits]
             loss = loss + config.router_z_loss_coef * torch.stack(z_losses).mean()

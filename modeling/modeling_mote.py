@@ -102,8 +102,9 @@ def detect_task_ids(input_ids: torch.Tensor, config: MoteBertConfig) -> torch.Lo
     return task_ids
 
 
-def resolve_task_ids(config: MoteBertConfig, batch_size: int, device, task=None, task_ids=None,
-                     input_ids=None) -> torch.LongTensor:
+def resolve_task_ids(
+    config: MoteBertConfig, batch_size: int, device, task=None, task_ids=None, input_ids=None
+) -> torch.LongTensor:
     """Expert index per row: `task` > `task_ids` > instruction prefix in `input_ids` > `default_task`.
 
     Raises:
@@ -113,7 +114,9 @@ def resolve_task_ids(config: MoteBertConfig, batch_size: int, device, task=None,
     if task is not None:
         names = [task] * batch_size if isinstance(task, str) else list(task)
         if len(names) != batch_size:
-            raise ValueError(f"`task` holds {len(names)} names for a batch of {batch_size} rows; pass one name or one per row")
+            raise ValueError(
+                f"`task` holds {len(names)} names for a batch of {batch_size} rows; pass one name or one per row"
+            )
         return torch.tensor([config.task_index(name) for name in names], dtype=torch.long, device=device)
     if task_ids is not None:
         ids = torch.as_tensor(task_ids, dtype=torch.long, device=device).reshape(-1)
@@ -122,7 +125,9 @@ def resolve_task_ids(config: MoteBertConfig, batch_size: int, device, task=None,
         if ids.numel() != batch_size:
             raise ValueError(f"`task_ids` holds {ids.numel()} ids for a batch of {batch_size} rows")
         if bool(((ids < 0) | (ids >= config.num_tasks)).any()):
-            raise ValueError(f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.tasks}), got {ids.tolist()}")
+            raise ValueError(
+                f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.tasks}), got {ids.tolist()}"
+            )
         return ids
     ids = torch.full((batch_size,), -1, dtype=torch.long, device=device)
     if input_ids is not None:
@@ -178,7 +183,9 @@ class MoteBertModel(MoteBertPreTrainedModel):
         self.build_encoder(MoteBertLayer, config.expert_layers)
         inactive = sorted(set(range(config.num_tasks)) - set(active))
         if inactive:  # their tensors in a checkpoint are expected and left unread
-            self._keys_to_ignore_on_load_unexpected = [rf"encoder\.layer\.\d+\.experts\.({'|'.join(map(str, inactive))})\."]
+            self._keys_to_ignore_on_load_unexpected = [
+                rf"encoder\.layer\.\d+\.experts\.({'|'.join(map(str, inactive))})\."
+            ]
         self.post_init()
 
     def set_active_tasks(self, tasks: list[str], offload_device: str | torch.device | None = None) -> None:
@@ -256,12 +263,20 @@ class MoteBertModel(MoteBertPreTrainedModel):
                 start += count
 
         backbone = self.forward_backbone(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-            routing=MoteRouting(tuple(segments)), output_hidden_states=output_hidden_states,
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            routing=MoteRouting(tuple(segments)),
+            output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
         )
         last, pooled, hidden, attentions = (
-            backbone.last_hidden_state, backbone.pooler_output, backbone.hidden_states, backbone.attentions
+            backbone.last_hidden_state,
+            backbone.pooler_output,
+            backbone.hidden_states,
+            backbone.attentions,
         )
         if order is not None:
             inverse = torch.empty_like(order)
@@ -274,7 +289,6 @@ class MoteBertModel(MoteBertPreTrainedModel):
             last_hidden_state=last, pooler_output=pooled, hidden_states=hidden, attentions=attentions, task_ids=ids
         )
         return output if return_dict is not False else output.to_tuple()
-
 
     def _check_experts_present(self, experts: list[int], device: torch.device) -> None:
         """Raise a clear error when a requested task's experts were dropped or offloaded."""

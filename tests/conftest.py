@@ -17,6 +17,17 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+# what this repository makes importable; model folders must load without any of it
+REPO_PACKAGES = (
+    "modeling",
+    "convert",
+    "hub_cards",
+    "training",
+    "evaluation",
+    "experiments",
+    "benchmarks",
+    "moe_embed_cli",
+)
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # transformers copies remote code into HF_HOME/modules; keep that out of the user's home. Set at
@@ -88,11 +99,20 @@ def tiny_mote_config(**overrides):
     from modeling.configuration_mote import MoteBertConfig
 
     kwargs = dict(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=64,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        task_prefix_ids={"query": [101, 3945, 1035, 23032, 1024], "document": [101, 3945, 1035, 6254, 1024],
-                         "classification": [101, 5579, 1024], "clustering": [101, 9324, 2075, 1024]},
-    )  # fmt: skip
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        task_prefix_ids={
+            "query": [101, 3945, 1035, 23032, 1024],
+            "document": [101, 3945, 1035, 6254, 1024],
+            "classification": [101, 5579, 1024],
+            "clustering": [101, 9324, 2075, 1024],
+        },
+    )
     kwargs.update(overrides)
     return MoteBertConfig(**kwargs)
 
@@ -102,9 +122,16 @@ def tiny_moe_config(**overrides):
     from modeling.configuration_moe import MoeBertConfig
 
     kwargs = dict(
-        vocab_size=1000, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, intermediate_size=48,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_local_experts=4, num_experts_per_tok=2,
-    )  # fmt: skip
+        vocab_size=1000,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=48,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+    )
     kwargs.update(overrides)
     return MoeBertConfig(**kwargs)
 
@@ -131,7 +158,7 @@ def run_isolated(code: str, *args: str, timeout: int = 300) -> str:
         sys.path[:] = [p for p in sys.path if p not in ("", ".", _repo)]
         class _Block(importlib.abc.MetaPathFinder):
             def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("modeling", "convert", "hub_cards", "training", "evaluation", "experiments", "benchmarks"):
+                if name.split(".")[0] in {REPO_PACKAGES!r}:
                     raise ImportError(f"{{name}} must not be importable here")
         sys.meta_path.insert(0, _Block())
         """
@@ -140,8 +167,12 @@ def run_isolated(code: str, *args: str, timeout: int = 300) -> str:
     env["HF_HUB_OFFLINE"] = "1"
     result = subprocess.run(
         [sys.executable, "-c", prologue + textwrap.dedent(code), *args],
-        cwd="/", env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd="/",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if result.returncode != 0:
         raise AssertionError(f"isolated run failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result.stdout
@@ -186,9 +217,13 @@ def run_script(script: str, *args: str, timeout: int = 300) -> subprocess.Comple
     """Run a repository script (`convert/upcycle.py`, `examples/x.py`) as a user would."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, str(REPO / script), *args], cwd=REPO, env=env, capture_output=True, text=True,
+        [sys.executable, str(REPO / script), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=timeout,
-    )  # fmt: skip
+    )
 
 
 def read_json(path) -> dict:

@@ -73,14 +73,35 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, {"warnings": [] if metadata else [{"message": "empty metadata"}]})
         if match := re.fullmatch(r"/api/models/(.+?)/preupload/(.+)", path):
             files = json.loads(body)["files"]
-            return self._send(200, {"files": [
-                {"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(".safetensors") else "regular",
-                 "shouldIgnore": False} for f in files]})  # fmt: skip
+            return self._send(
+                200,
+                {
+                    "files": [
+                        {
+                            "path": f["path"],
+                            "uploadMode": "lfs" if f["path"].endswith(".safetensors") else "regular",
+                            "shouldIgnore": False,
+                        }
+                        for f in files
+                    ]
+                },
+            )
         if match := re.fullmatch(r"/(.+?)\.git/info/lfs/objects/batch", path):
             objects = json.loads(body)["objects"]
-            return self._send(200, {"transfer": "basic", "objects": [
-                {"oid": o["oid"], "size": o["size"],
-                 "actions": {"upload": {"href": f"{self.base_url}/lfs-upload/{o['oid']}"}}} for o in objects]})  # fmt: skip
+            return self._send(
+                200,
+                {
+                    "transfer": "basic",
+                    "objects": [
+                        {
+                            "oid": o["oid"],
+                            "size": o["size"],
+                            "actions": {"upload": {"href": f"{self.base_url}/lfs-upload/{o['oid']}"}},
+                        }
+                        for o in objects
+                    ],
+                },
+            )
         if match := re.fullmatch(r"/api/models/(.+?)/commit/(.+)", path):
             repo_id, revision = match.group(1), match.group(2)
             if repo_id not in self.state.repos:
@@ -98,8 +119,15 @@ class _Handler(BaseHTTPRequestHandler):
                     self.state.files[repo_id][item["value"]["path"]] = self.state.lfs[item["value"]["oid"]]
                     commit["files"].append(item["value"]["path"])
             self.state.commits.append(commit)
-            return self._send(200, {"commitUrl": f"{self.base_url}/{repo_id}/commit/abc", "commitOid": "a" * 40,
-                                    "commitMessage": commit.get("summary"), "success": True})  # fmt: skip
+            return self._send(
+                200,
+                {
+                    "commitUrl": f"{self.base_url}/{repo_id}/commit/abc",
+                    "commitOid": "a" * 40,
+                    "commitMessage": commit.get("summary"),
+                    "success": True,
+                },
+            )
         if match := re.fullmatch(r"/api/models/(.+?)/branch/(.+)", path):
             self.state.repos[match.group(1)]["branches"].add(match.group(2))
             return self._send(200, {})
@@ -132,7 +160,7 @@ class FakeHub:
         handler.base_url = self.url
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         self.thread.start()
         return self
 

@@ -16,8 +16,11 @@ def trained_dir(mote_dir, tmp_path):
 
 
 def _batch(tokenizer, task):
-    return tokenizer([{"query": "search_query: ", "clustering": "clustering: "}[task] + t for t in TEXTS],
-                     padding=True, return_tensors="pt")  # fmt: skip
+    return tokenizer(
+        [{"query": "search_query: ", "clustering": "clustering: "}[task] + t for t in TEXTS],
+        padding=True,
+        return_tensors="pt",
+    )
 
 
 def test_active_tasks_loads_only_their_experts(trained_dir, tokenizer, caplog):
@@ -31,7 +34,9 @@ def test_active_tasks_loads_only_their_experts(trained_dir, tokenizer, caplog):
     batch = _batch(tokenizer, "query")
     with torch.no_grad():
         assert torch.equal(one(**batch).last_hidden_state, full(**batch).last_hidden_state)
-        with pytest.raises(ValueError, match=r"Task 'clustering' is not loaded: this model holds the experts of \['query'\]"):
+        with pytest.raises(
+            ValueError, match=r"Task 'clustering' is not loaded: this model holds the experts of \['query'\]"
+        ):
             one(**_batch(tokenizer, "clustering"))
         with pytest.raises(ValueError, match="Task 'document' is not loaded"):
             one(**batch, task="passage")
@@ -73,6 +78,8 @@ def test_sentence_transformers_with_one_task(mote_dir):
     full = SentenceTransformer(mote_dir, trust_remote_code=True)
     one = SentenceTransformer(mote_dir, trust_remote_code=True, model_kwargs={"active_tasks": ["query"]})
     assert sum(p.numel() for p in one.parameters()) < sum(p.numel() for p in full.parameters())
-    assert torch.equal(one.encode_query(TEXTS, convert_to_tensor=True), full.encode_query(TEXTS, convert_to_tensor=True))
+    assert torch.equal(
+        one.encode_query(TEXTS, convert_to_tensor=True), full.encode_query(TEXTS, convert_to_tensor=True)
+    )
     with pytest.raises(ValueError, match="Task 'document' is not loaded"):
         one.encode_document(TEXTS)

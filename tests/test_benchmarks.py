@@ -9,8 +9,14 @@ def test_flop_bound_for_minilm_shapes():
     sys.path.insert(0, str(REPO))
     from benchmarks.bench_moe import flop_bound_ratio
 
-    config = tiny_moe_config(hidden_size=384, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=12,
-                             num_local_experts=8, num_experts_per_tok=2)  # fmt: skip
+    config = tiny_moe_config(
+        hidden_size=384,
+        intermediate_size=1536,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+    )
     h, i, s = 384, 1536, 16
     dense_layer = 4 * h * h + 2 * s * h + 2 * h * i
     moe_layer = 4 * h * h + 2 * s * h + 2 * 2 * h * i + 8 * h
@@ -32,10 +38,26 @@ def test_training_benchmark_runs(tmp_path, capsys):
     import json
 
     pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"anchor": f"question {i}", "positive": f"answer {i}", "negative": f"other {i}"}) + "\n"
-                             for i in range(6)))  # fmt: skip
-    out = run_repo_script("benchmarks/bench_train.py", "--batch-size", "2", "--seq-len", "16", "--steps", "1",
-                          "--repeats", "1", "--pairs", str(pairs), capsys=capsys)  # fmt: skip
+    pairs.write_text(
+        "".join(
+            json.dumps({"anchor": f"question {i}", "positive": f"answer {i}", "negative": f"other {i}"}) + "\n"
+            for i in range(6)
+        )
+    )
+    out = run_repo_script(
+        "benchmarks/bench_train.py",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--steps",
+        "1",
+        "--repeats",
+        "1",
+        "--pairs",
+        str(pairs),
+        capsys=capsys,
+    )
     rows = out.strip().splitlines()[-2:]
     assert rows[0].startswith("| dense + prompts |") and rows[1].startswith("| MoTE |")
     assert all(row.count("|") == 6 for row in rows)

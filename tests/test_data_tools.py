@@ -60,10 +60,16 @@ class FixedEmbeddings:
 
 
 def test_consistency_filter_rank_counts_distinct_positives_and_ties_are_not_above():
-    model = FixedEmbeddings({
-        "q1": [1.0, 0.0, 0.0], "q2": [1.0, 0.0, 0.0], "q3": [0.0, 1.0, 0.0],
-        "shared answer": [1.0, 0.0, 0.0], "other": [0.6, 0.8, 0.0], "far": [0.0, 0.0, 1.0],
-    })  # fmt: skip
+    model = FixedEmbeddings(
+        {
+            "q1": [1.0, 0.0, 0.0],
+            "q2": [1.0, 0.0, 0.0],
+            "q3": [0.0, 1.0, 0.0],
+            "shared answer": [1.0, 0.0, 0.0],
+            "other": [0.6, 0.8, 0.0],
+            "far": [0.0, 0.0, 1.0],
+        }
+    )
     rows = [
         {"anchor": "q1", "positive": "shared answer"},  # q1 and q2 share a positive: a tie, not a rank above
         {"anchor": "q2", "positive": "shared answer"},
@@ -78,8 +84,10 @@ def test_consistency_filter_rank_counts_distinct_positives_and_ties_are_not_abov
 
 @pytest.mark.parametrize("top_k", [1, 2, 3])
 def test_consistency_filter_keeps_pairs_whose_positive_ranks_in_the_top_k(minilm, top_k):
-    noisy = PAIRS + [{"anchor": "capital of france", "positive": "Everest is a mountain in Nepal."},
-                     {"anchor": "what do cats eat", "positive": "Dogs eat meat and kibble."}]  # fmt: skip
+    noisy = PAIRS + [
+        {"anchor": "capital of france", "positive": "Everest is a mountain in Nepal."},
+        {"anchor": "what do cats eat", "positive": "Dogs eat meat and kibble."},
+    ]
     docs = list(dict.fromkeys(p["positive"] for p in noisy))  # "Dogs eat meat and kibble." appears twice
     scores = _scores(minilm, [p["anchor"] for p in noisy], docs)
     own = np.array([scores[i, docs.index(p["positive"])] for i, p in enumerate(noisy)])

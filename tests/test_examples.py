@@ -29,6 +29,8 @@ def test_semantic_search(mote_dir, capsys):
 
 
 def test_finetune_two_tasks(mote_dir, tmp_path, capsys):
-    out = run_example("finetune_two_tasks.py", mote_dir, "--output", str(tmp_path / "ft"), "--steps", "2", capsys=capsys)
+    out = run_example(
+        "finetune_two_tasks.py", mote_dir, "--output", str(tmp_path / "ft"), "--steps", "2", capsys=capsys
+    )
     assert "reloaded; query embedding shape: (1, 384)" in out
     assert (tmp_path / "ft" / "st_mote.py").exists()

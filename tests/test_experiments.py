@@ -25,26 +25,52 @@ def shared(tmp_path):
     scifact = root / "retrieval/scifact"
     _jsonl(scifact / "corpus.jsonl", [{"_id": f"d{i}", "title": f"T{i}", "text": f"doc {i}"} for i in range(6)])
     _jsonl(scifact / "queries.jsonl", [{"_id": f"q{i}", "text": f"claim {i}"} for i in range(4)])
-    _tsv(scifact / "qrels/train.tsv", ["query-id", "corpus-id", "score"], [["q0", "d0", 1], ["q1", "d1", 1], ["q1", "d2", 1]])
+    _tsv(
+        scifact / "qrels/train.tsv",
+        ["query-id", "corpus-id", "score"],
+        [["q0", "d0", 1], ["q1", "d1", 1], ["q1", "d2", 1]],
+    )
     _tsv(scifact / "qrels/test.tsv", ["query-id", "corpus-id", "score"], [["q3", "d3", 1]])
-    _jsonl(root / "training_pairs/snli_devtest_triplets.jsonl",
-           [{"anchor": f"premise {i}", "positive": f"entailed {i}", "negative": f"contradiction {i}", "source": "snli_dev"}
-            for i in range(5)])  # fmt: skip
-    _jsonl(root / "training_pairs/positive_pairs.jsonl",
-           [{"anchor": f"question {i}", "positive": f"answer {i}", "source": "trecqa_train_qa"} for i in range(4)]
-           + [{"anchor": f"para {i}", "positive": f"phrase {i}", "source": "mrpc_train_paraphrase"} for i in range(4)]
-           + [{"anchor": "snli only", "positive": "x", "source": "snli_dev"}])  # fmt: skip
-    for name, train in [("banking77", "train.tsv"), ("emotion", "train.tsv"), ("amazon_counterfactual", "en_train.tsv")]:
-        _tsv(root / "classification" / name / train, ["text", "label"], [[f"{name} {i}", f"L{i % 3}"] for i in range(9)])
-    _tsv(root / "classification/trec/train.tsv", ["text", "coarse_label", "fine_label"],
-         [[f"trec {i}", "C", f"F{i % 2}"] for i in range(6)])  # fmt: skip
+    _jsonl(
+        root / "training_pairs/snli_devtest_triplets.jsonl",
+        [
+            {
+                "anchor": f"premise {i}",
+                "positive": f"entailed {i}",
+                "negative": f"contradiction {i}",
+                "source": "snli_dev",
+            }
+            for i in range(5)
+        ],
+    )
+    _jsonl(
+        root / "training_pairs/positive_pairs.jsonl",
+        [{"anchor": f"question {i}", "positive": f"answer {i}", "source": "trecqa_train_qa"} for i in range(4)]
+        + [{"anchor": f"para {i}", "positive": f"phrase {i}", "source": "mrpc_train_paraphrase"} for i in range(4)]
+        + [{"anchor": "snli only", "positive": "x", "source": "snli_dev"}],
+    )
+    for name, train in [
+        ("banking77", "train.tsv"),
+        ("emotion", "train.tsv"),
+        ("amazon_counterfactual", "en_train.tsv"),
+    ]:
+        _tsv(
+            root / "classification" / name / train, ["text", "label"], [[f"{name} {i}", f"L{i % 3}"] for i in range(9)]
+        )
+    _tsv(
+        root / "classification/trec/train.tsv",
+        ["text", "coarse_label", "fine_label"],
+        [[f"trec {i}", "C", f"F{i % 2}"] for i in range(6)],
+    )
     return root
 
 
 def test_build_pairs_follow_the_labels_and_splits(shared):
     datasets = prepare_data.build(shared, seed=0)
     assert set(datasets) == set(prepare_data.TASK_OF)
-    labels = {f"{name} {i}": f"L{i % 3}" for name in ("banking77", "emotion", "amazon_counterfactual") for i in range(9)}
+    labels = {
+        f"{name} {i}": f"L{i % 3}" for name in ("banking77", "emotion", "amazon_counterfactual") for i in range(9)
+    }
     labels.update({f"trec {i}": f"F{i % 2}" for i in range(6)})
     for name in ("banking77", "emotion", "amazon_counterfactual", "trec"):
         assert len(datasets[name]) == (9 if name != "trec" else 6)
@@ -53,42 +79,62 @@ def test_build_pairs_follow_the_labels_and_splits(shared):
             assert labels[row["negative"]] != labels[row["anchor"]]
     # SciFact: the train qrels only (q3 is a test claim), title + text as the document
     assert sorted((r["anchor"], r["positive"]) for r in datasets["scifact"]) == [
-        ("claim 0", "T0 doc 0"), ("claim 1", "T1 doc 1"), ("claim 1", "T2 doc 2")]
+        ("claim 0", "T0 doc 0"),
+        ("claim 1", "T1 doc 1"),
+        ("claim 1", "T2 doc 2"),
+    ]
     assert all(r["negative"] != r["positive"] for name in ("scifact", "trecqa", "paraphrases") for r in datasets[name])
     assert {r["anchor"] for r in datasets["trecqa"]} == {f"question {i}" for i in range(4)}
     assert {r["anchor"] for r in datasets["paraphrases"]} == {f"para {i}" for i in range(4)}  # no TrecQA or SNLI rows
-    assert [r["negative"] for r in datasets["snli"]] and all(r["negative"].startswith("contradiction") for r in datasets["snli"])
+    assert [r["negative"] for r in datasets["snli"]] and all(
+        r["negative"].startswith("contradiction") for r in datasets["snli"]
+    )
     assert prepare_data.build(shared, seed=0) == datasets and prepare_data.build(shared, seed=1) != datasets
 
 
 def test_write_pairs_only_and_the_tasks_section(shared, tmp_path):
     tasks = prepare_data.write(prepare_data.build(shared), tmp_path / "out", negatives=False)
     assert {t: [d["name"] for d in specs] for t, specs in tasks.items()} == {
-        "retrieval": ["scifact", "snli", "trecqa"], "classification": ["banking77", "emotion", "amazon_counterfactual"],
-        "clustering": ["trec", "paraphrases"]}  # fmt: skip
+        "retrieval": ["scifact", "snli", "trecqa"],
+        "classification": ["banking77", "emotion", "amazon_counterfactual"],
+        "clustering": ["trec", "paraphrases"],
+    }
     rows = [json.loads(line) for line in (tmp_path / "out/snli.jsonl").read_text().splitlines()]
     assert rows and all(set(row) == {"anchor", "positive"} for row in rows)
 
 
 def test_report_gives_mean_and_sample_sd_per_task_type():
     def run(sts, banking, emotion):
-        return {"STSBenchmark": {"main_score": sts}, "Banking77Classification": {"main_score": banking},
-                "EmotionClassification": {"main_score": emotion}}  # fmt: skip
+        return {
+            "STSBenchmark": {"main_score": sts},
+            "Banking77Classification": {"main_score": banking},
+            "EmotionClassification": {"main_score": emotion},
+        }
 
     names = ["STSBenchmark", "Banking77Classification", "EmotionClassification"]
-    text = report({"base": {None: run(80, 70, 40)}, "mote": {0: run(82, 71, 41), 2: run(84, 73, 45)},
-                   "ic": {0: run(81, 70, 40), 1: run(90, 90, 90), 2: run(82, 72, 44)}}, names)
+    text = report(
+        {
+            "base": {None: run(80, 70, 40)},
+            "mote": {0: run(82, 71, 41), 2: run(84, 73, 45)},
+            "ic": {0: run(81, 70, 40), 1: run(90, 90, 90), 2: run(82, 72, 44)},
+        },
+        names,
+    )
     lines = text.strip().splitlines()
-    assert lines[0] == ("| model | STSBenchmark | Banking77Classification | EmotionClassification | sts (avg) | "
-                        "classification (avg) | average | seeds |")  # fmt: skip
+    assert lines[0] == (
+        "| model | STSBenchmark | Banking77Classification | EmotionClassification | sts (avg) | "
+        "classification (avg) | average | seeds |"
+    )
     assert lines[2] == "| base | 80.00 | 70.00 | 40.00 | 80.00 | 55.00 | 63.33 | 1 |"
     # seeds' classification averages 56 and 59; overall averages 64.67 and 67.33
-    assert lines[3] == ("| mote | 83.00 ± 1.41 | 72.00 ± 1.41 | 43.00 ± 2.83 | 83.00 ± 1.41 | 57.50 ± 2.12 | "
-                        "66.00 ± 1.89 | 2 |")  # fmt: skip
+    assert lines[3] == (
+        "| mote | 83.00 ± 1.41 | 72.00 ± 1.41 | 43.00 ± 2.83 | 83.00 ± 1.41 | 57.50 ± 2.12 | 66.00 ± 1.89 | 2 |"
+    )
     # paired with IC on seeds 0 and 2 only (seed 1 has no MoTE run): +1/+2 STS, +1/+1 Banking, +1/+1 Emotion
     assert lines[-2].startswith("|---|") and not any(line.startswith("| base −") for line in lines)
-    assert lines[-1] == ("| mote − ic | +1.50 ± 0.71 | +1.00 ± 0.00 | +1.00 ± 0.00 | +1.50 ± 0.71 | +1.00 ± 0.00 | "
-                         "+1.17 ± 0.24 | 2 |")  # fmt: skip
+    assert lines[-1] == (
+        "| mote − ic | +1.50 ± 0.71 | +1.00 ± 0.00 | +1.00 ± 0.00 | +1.50 ± 0.71 | +1.00 ± 0.00 | +1.17 ± 0.24 | 2 |"
+    )
     assert summary([]) == "—"
 
 
@@ -101,18 +147,28 @@ def test_report_only_reads_the_result_files_that_exist(tmp_path, capsys):
     text = main(["--output", str(tmp_path), "--report-only", "--tasks", "STSBenchmark", "--variants", "ic,mote,ea"])
     assert text == (tmp_path / "report.md").read_text()
     rows = text.strip().splitlines()[2:]
-    assert rows == ["| base (no prompts) | 80.00 | 80.00 | 80.00 | 1 |", "| ic | 79.00 | 79.00 | 79.00 | 1 |",
-                    "| mote | 82.00 ± 1.41 | 82.00 ± 1.41 | 82.00 ± 1.41 | 2 |"]  # no EA scores: no row
+    assert rows == [
+        "| base (no prompts) | 80.00 | 80.00 | 80.00 | 1 |",
+        "| ic | 79.00 | 79.00 | 79.00 | 1 |",
+        "| mote | 82.00 ± 1.41 | 82.00 ± 1.41 | 82.00 ± 1.41 | 2 |",
+    ]  # no EA scores: no row
 
 
 def test_report_reference_variant(tmp_path, capsys):
     from experiments.mote_vs_ic import main
 
     (tmp_path / "results").mkdir()
-    for name, score in [("ic-s0", 70.0), ("mote-s0", 72.0), ("mote-s1", 71.0), ("static-s0", 75.0), ("static-s1", 70.0)]:
+    for name, score in [
+        ("ic-s0", 70.0),
+        ("mote-s0", 72.0),
+        ("mote-s1", 71.0),
+        ("static-s0", 75.0),
+        ("static-s1", 70.0),
+    ]:
         (tmp_path / "results" / f"{name}.json").write_text(json.dumps({"STSBenchmark": {"main_score": score}}))
-    text = main(["--output", str(tmp_path), "--report-only", "--tasks", "STSBenchmark", "--seeds", "0,1",
-                 "--reference", "mote"])  # fmt: skip
+    text = main(
+        ["--output", str(tmp_path), "--report-only", "--tasks", "STSBenchmark", "--seeds", "0,1", "--reference", "mote"]
+    )
     lines = text.strip().splitlines()
     assert "Difference to mote, same seed:" in lines
     # seed 0: 75 - 72 = +3, seed 1: 70 - 71 = -1 (IC has only seed 0: +70 - 72 = -2)

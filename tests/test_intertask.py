@@ -4,18 +4,26 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import save_trained_copy
+
 from convert.upcycle import save_dense_with_prompts
-from evaluation.intertask import TASKS, compare, main, pair_similarities, welch_less
+from evaluation.intertask import TASKS, main, pair_similarities, welch_less
 from moe_embed_cli import run_cli
 
 TEXTS = [
-    "The cat sat on the mat.", "Protein folding is driven by hydrophobic interactions.", "How do I reset my card PIN?",
-    "Stocks fell sharply on Monday.", "A man is playing a guitar on stage.", "What is the capital of Peru?",
-    "Vaccines train the immune system.", "The recipe needs two eggs and flour.", "I loved this movie so much!",
-    "Rain is expected over the weekend.", "Who wrote Pride and Prejudice?", "The transfer has not arrived yet.",
-]  # fmt: skip
+    "The cat sat on the mat.",
+    "Protein folding is driven by hydrophobic interactions.",
+    "How do I reset my card PIN?",
+    "Stocks fell sharply on Monday.",
+    "A man is playing a guitar on stage.",
+    "What is the capital of Peru?",
+    "Vaccines train the immune system.",
+    "The recipe needs two eggs and flour.",
+    "I loved this movie so much!",
+    "Rain is expected over the weekend.",
+    "Who wrote Pride and Prejudice?",
+    "The transfer has not arrived yet.",
+]
 
 
 def test_pair_similarities_are_per_text_cosines():
@@ -57,13 +65,35 @@ def test_cli_compares_two_models(ic_dir, mote_dir, tmp_path, capsys):
     save_trained_copy(mote_dir, trained, seed=0)  # experts that differ, as after training
 
     # the upcycled MoTE computes the dense model's function: identical similarities
-    rows = main([mote_dir, ic_dir, "--names", "MoTE,IC", "--texts", str(texts), "--output-dir", str(tmp_path / "a"),
-                 "--trust-remote-code"])  # fmt: skip
+    rows = main(
+        [
+            mote_dir,
+            ic_dir,
+            "--names",
+            "MoTE,IC",
+            "--texts",
+            str(texts),
+            "--output-dir",
+            str(tmp_path / "a"),
+            "--trust-remote-code",
+        ]
+    )
     for row in rows:
         assert row["MoTE_mean"] == pytest.approx(row["IC_mean"], abs=1e-5)
     # distinct experts separate the tasks' embeddings: lower similarity, significant for every pair
-    rows = main([str(trained), ic_dir, "--names", "trained,IC", "--texts", str(texts), "--output-dir",
-                 str(tmp_path / "b"), "--trust-remote-code"])  # fmt: skip
+    rows = main(
+        [
+            str(trained),
+            ic_dir,
+            "--names",
+            "trained,IC",
+            "--texts",
+            str(texts),
+            "--output-dir",
+            str(tmp_path / "b"),
+            "--trust-remote-code",
+        ]
+    )
     assert len(rows) == 6
     for row in rows:
         assert row["trained_mean"] < row["IC_mean"] and row["p"] < 0.01 and row["t"] < 0
@@ -82,5 +112,7 @@ def test_cli_refuses_a_model_without_task_prompts(dense_path, ic_dir, tmp_path, 
     assert exit_.value.code == 2
     assert "defines no prompt for ['classification', 'clustering']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        run_cli(main, [ic_dir, ic_dir, "--names", "same,same", "--texts", str(texts), "--output-dir", str(tmp_path / "out")])
+        run_cli(
+            main, [ic_dir, ic_dir, "--names", "same,same", "--texts", str(texts), "--output-dir", str(tmp_path / "out")]
+        )
     assert "two different comma-separated names" in capsys.readouterr().err

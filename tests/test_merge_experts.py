@@ -18,7 +18,8 @@ folder, texts = sys.argv[1], json.loads(sys.argv[2])
 model = AutoModel.from_pretrained(folder)              # no trust_remote_code
 assert type(model).__name__ == "BertModel", type(model)
 st = SentenceTransformer(folder)                       # no trust_remote_code
-print(json.dumps({"default": st.encode(texts).tolist(), "prompts": st.prompts, "default_prompt": st.default_prompt_name}))
+result = {"default": st.encode(texts).tolist(), "prompts": st.prompts, "default_prompt": st.default_prompt_name}
+print(json.dumps(result))
 """
 
 
@@ -42,8 +43,10 @@ def test_expert_averaging_of_untrained_mote_is_the_dense_model(mote_dir, dense_p
     assert not list(out.glob("*.py"))
     ea = SentenceTransformer(str(out))
     reference = SentenceTransformer(dense_path)
-    assert torch.equal(ea.encode(TEXTS, prompt_name="query", convert_to_tensor=True),
-                       reference.encode(["search_query: " + t for t in TEXTS], convert_to_tensor=True))  # fmt: skip
+    assert torch.equal(
+        ea.encode(TEXTS, prompt_name="query", convert_to_tensor=True),
+        reference.encode(["search_query: " + t for t in TEXTS], convert_to_tensor=True),
+    )
 
 
 def test_expert_averaging_of_trained_experts_is_the_hand_average(mote_dir, tmp_path, capsys):
@@ -56,13 +59,18 @@ def test_expert_averaging_of_trained_experts_is_the_hand_average(mote_dir, tmp_p
     layer = model.encoder.layer[3]
     clustering, document = layer.experts["3"], layer.experts["1"]
     expected = {
-        "encoder.layer.3.intermediate.dense.weight": 0.75 * clustering.intermediate.dense.weight + 0.25 * document.intermediate.dense.weight,
-        "encoder.layer.3.attention.output.LayerNorm.bias": 0.75 * clustering.attention_LayerNorm.bias + 0.25 * document.attention_LayerNorm.bias,
-        "encoder.layer.3.output.LayerNorm.weight": 0.75 * clustering.output.LayerNorm.weight + 0.25 * document.output.LayerNorm.weight,
-    }  # fmt: skip
+        "encoder.layer.3.intermediate.dense.weight": 0.75 * clustering.intermediate.dense.weight
+        + 0.25 * document.intermediate.dense.weight,
+        "encoder.layer.3.attention.output.LayerNorm.bias": 0.75 * clustering.attention_LayerNorm.bias
+        + 0.25 * document.attention_LayerNorm.bias,
+        "encoder.layer.3.output.LayerNorm.weight": 0.75 * clustering.output.LayerNorm.weight
+        + 0.25 * document.output.LayerNorm.weight,
+    }
     for key, value in expected.items():
         assert torch.allclose(merged[key], value.detach(), atol=1e-6), key
-    assert torch.equal(merged["encoder.layer.2.intermediate.dense.weight"], model.encoder.layer[2].intermediate.dense.weight)
+    assert torch.equal(
+        merged["encoder.layer.2.intermediate.dense.weight"], model.encoder.layer[2].intermediate.dense.weight
+    )
 
 
 def test_task_export_equals_mote_routed_to_that_task_without_remote_code(mote_dir, tmp_path, capsys):

@@ -29,7 +29,7 @@ def test_upcycled_equals_dense_whatever_the_router(moe_dir, dense_model, tokeniz
     assert (out.last_hidden_state - expected.last_hidden_state)[mask].abs().max() <= 1e-5
     assert (out.pooler_output - expected.pooler_output).abs().max() <= 1e-5
     # router logits cover the non-padding tokens only
-    assert [tuple(l.shape) for l in out.router_logits] == [(int(mask.sum()), 8)] * 3
+    assert [tuple(logits.shape) for logits in out.router_logits] == [(int(mask.sum()), 8)] * 3
 
 
 def _random_batch():
@@ -82,7 +82,7 @@ def test_padding_is_not_routed():
     for layer, logits in enumerate(padded.router_logits):
         assert torch.allclose(logits, torch.cat([r.router_logits[layer] for r in rows]), atol=1e-5)
     # and the padding tokens do not move the load-balancing loss
-    expected = torch.stack([load_balancing_loss(l, 2) for l in padded.router_logits]).mean()
+    expected = torch.stack([load_balancing_loss(logits, 2) for logits in padded.router_logits]).mean()
     assert torch.allclose(padded.aux_loss, expected)
 
 
@@ -107,8 +107,8 @@ def test_aux_loss_uses_config_coefficients():
     base = MoeBertModel(tiny_moe_config(router_aux_loss_coef=1.0)).eval()
     with torch.no_grad():
         out = base(input_ids=ids, attention_mask=mask, output_router_logits=True)
-        balance = torch.stack([load_balancing_loss(l, 2) for l in out.router_logits]).mean()
-        z = torch.stack([router_z_loss(l) for l in out.router_logits]).mean()
+        balance = torch.stack([load_balancing_loss(logits, 2) for logits in out.router_logits]).mean()
+        z = torch.stack([router_z_loss(logits) for logits in out.router_logits]).mean()
         base.config.router_aux_loss_coef, base.config.router_z_loss_coef = 0.5, 0.1
         weighted = base(input_ids=ids, attention_mask=mask).aux_loss
     assert torch.isclose(out.aux_loss, balance)

@@ -107,7 +107,10 @@ def test_routing_sources_and_precedence(tokenizer):
 def test_default_task_and_unknown_task_errors(tokenizer):
     batch = tokenizer(["no prefix here", "search_query: who"], padding=True, return_tensors="pt")
     strict = MoteBertModel(tiny_mote_config()).eval()
-    with pytest.raises(ValueError, match=r"Cannot tell the task of 1 of 2 rows \(rows \[0\] of this batch\).*'query' \(prefix 'search_query: '\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"Cannot tell the task of 1 of 2 rows \(rows \[0\] of this batch\).*'query' \(prefix 'search_query: '\)",
+    ):
         strict(**batch)
     with pytest.raises(ValueError, match=r"Unknown task 'reranking'.*Valid tasks: 'query'"):
         strict(**batch, task="reranking")
@@ -156,8 +159,10 @@ def test_gradients_reach_only_the_routed_expert():
     # a random projection: a plain sum of LayerNorm outputs has zero gradient
     (out * torch.randn(out.shape)).sum().backward()
     for layer in model.config.expert_layers:
-        grads = [any(p.grad is not None and p.grad.abs().sum() > 0 for p in e.parameters())
-                 for e in model.encoder.layer[layer].experts.values()]  # fmt: skip
+        grads = [
+            any(p.grad is not None and p.grad.abs().sum() > 0 for p in e.parameters())
+            for e in model.encoder.layer[layer].experts.values()
+        ]
         assert grads == [True, False, False, True]
 
 
@@ -166,7 +171,7 @@ def test_concurrent_encodes_with_different_tasks_match_sequential(mote_model, to
     jobs = [(task, TEXTS[i % len(TEXTS)]) for i, task in enumerate(TASKS * 2)]
     batches = [tokenizer([text], return_tensors="pt") for _, text in jobs]
     with torch.no_grad():
-        sequential = [mote_model(**b, task=t).last_hidden_state for (t, _), b in zip(jobs, batches)]
+        sequential = [mote_model(**b, task=t).last_hidden_state for (t, _), b in zip(jobs, batches, strict=True)]
     results = [None] * len(jobs)
     barrier = threading.Barrier(len(jobs))
 

@@ -23,8 +23,9 @@ def tiny_mote_dir(tmp_path_factory, dense_path):
 
     root = tmp_path_factory.mktemp("push")
     source = root / "tiny-bert"
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=64)  # fmt: skip
+    config = BertConfig(
+        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+    )
     BertModel(config).save_pretrained(source)
     AutoTokenizer.from_pretrained(dense_path).save_pretrained(source)
     upcycle(["--base", str(source), "--output", str(root / "tiny-mote")])
@@ -36,8 +37,11 @@ def push(folder, hub, *args):
     env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_TOKEN=TOKEN, HF_HUB_DISABLE_TELEMETRY="1")
     return subprocess.run(
         [sys.executable, str(REPO / "convert" / "push_to_hub.py"), str(folder), *args],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _folder_files(folder: Path) -> set[str]:
@@ -99,8 +103,8 @@ def test_folder_failing_validation_is_not_uploaded(tiny_mote_dir, tmp_path):
 
 
 def test_bad_repo_id_and_missing_weights(tiny_mote_dir, tmp_path, capsys):
-    from moe_embed_cli import run_cli
     from convert.push_to_hub import main
+    from moe_embed_cli import run_cli
 
     def run(*args):
         with pytest.raises(SystemExit) as exit_:
@@ -110,6 +114,9 @@ def test_bad_repo_id_and_missing_weights(tiny_mote_dir, tmp_path, capsys):
     folder = tmp_path / "no-weights"
     shutil.copytree(tiny_mote_dir, folder)
     (folder / "model.safetensors").unlink()
-    assert run(str(tiny_mote_dir), "--repo-id", "no-owner") == (2, "error: --repo-id must look like OWNER/NAME, got 'no-owner'")
+    assert run(str(tiny_mote_dir), "--repo-id", "no-owner") == (
+        2,
+        "error: --repo-id must look like OWNER/NAME, got 'no-owner'",
+    )
     code, message = run(str(folder), "--repo-id", "dave/x")
     assert code == 2 and message.endswith("has no *.safetensors weights")

@@ -42,7 +42,7 @@ def test_default_samplers_put_ranks_on_different_datasets(sampler_cls):
     concat = _datasets()
     sampler = sampler_cls(concat, _batch_samplers(concat), generator=torch.Generator(), seed=0)
     rank0, rank1 = _per_rank_datasets(sampler, 2)
-    assert any(a != b for a, b in zip(rank0, rank1))
+    assert any(a != b for a, b in zip(rank0, rank1, strict=True))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
@@ -51,7 +51,7 @@ def test_task_aware_sampler_keeps_ranks_on_one_dataset_per_step(world_size):
     sampler = TaskAwareBatchSampler(concat, _batch_samplers(concat), seed=0, world_size=world_size)
     ranks = _per_rank_datasets(sampler, world_size)
     assert all(len(r) == len(ranks[0]) for r in ranks)
-    for step in zip(*ranks):
+    for step in zip(*ranks, strict=True):
         assert len(set(step)) == 1, step
     batches = list(sampler)
     assert len(batches) == len(sampler)

@@ -62,6 +62,8 @@ def test_save_pretrained_round_trip_in_process(tmp_path):
     again = MoteBertModel.from_pretrained(tmp_path).eval()
     ids = torch.randint(1000, 2000, (2, 7))
     with torch.no_grad():
-        assert torch.equal(model(input_ids=ids, task="clustering").last_hidden_state,
-                           again(input_ids=ids, task="clustering").last_hidden_state)  # fmt: skip
+        assert torch.equal(
+            model(input_ids=ids, task="clustering").last_hidden_state,
+            again(input_ids=ids, task="clustering").last_hidden_state,
+        )
     assert again.config.tasks == model.config.tasks and again.config.expert_layers == [1, 3]

@@ -43,7 +43,9 @@ def test_encode_query_document_and_task_kwarg_equal_dense(st_mote, st_dense):
     assert (st_mote.encode_query(TEXTS, convert_to_tensor=True) - dense("search_query: ")).abs().max() <= 1e-5
     assert (st_mote.encode_document(TEXTS, convert_to_tensor=True) - dense("search_document: ")).abs().max() <= 1e-5
     # task= alone adds the task's prefix and routes to its expert
-    assert (st_mote.encode(TEXTS, task="clustering", convert_to_tensor=True) - dense("clustering: ")).abs().max() <= 1e-5
+    assert (
+        st_mote.encode(TEXTS, task="clustering", convert_to_tensor=True) - dense("clustering: ")
+    ).abs().max() <= 1e-5
     # raw text that already carries a prefix is routed by it
     raw = st_mote.encode(["classification: " + t for t in TEXTS], convert_to_tensor=True)
     assert (raw - dense("classification: ")).abs().max() <= 1e-5
@@ -82,7 +84,9 @@ def test_each_entry_point_routes_to_its_expert(st_mote_specialised):
     query = model.encode_query(TEXTS, convert_to_tensor=True)
     assert torch.allclose(query, model.encode(TEXTS, prompt_name="query", task="query", convert_to_tensor=True))
     document = model.encode_document(TEXTS, convert_to_tensor=True)
-    assert torch.allclose(document, model.encode(TEXTS, prompt_name="document", task="document", convert_to_tensor=True))
+    assert torch.allclose(
+        document, model.encode(TEXTS, prompt_name="document", task="document", convert_to_tensor=True)
+    )
     assert not torch.allclose(query, document, atol=1e-3)
 
 
@@ -90,7 +94,9 @@ def test_task_without_prefix_option(mote_dir):
     model = SentenceTransformer(mote_dir, trust_remote_code=True)
     model[0].prepend_task_prefix = False
     with_task = model.encode(TEXTS, task="query", convert_to_tensor=True)
-    reference = SentenceTransformer(mote_dir, trust_remote_code=True).encode(TEXTS, task="query", prompt="", convert_to_tensor=True)
+    reference = SentenceTransformer(mote_dir, trust_remote_code=True).encode(
+        TEXTS, task="query", prompt="", convert_to_tensor=True
+    )
     assert not torch.allclose(with_task, model.encode(TEXTS, prompt_name="query", convert_to_tensor=True))
     assert torch.allclose(with_task, reference, atol=1e-6)
 

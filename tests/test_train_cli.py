@@ -6,9 +6,9 @@ import pytest
 import yaml
 from sentence_transformers import SentenceTransformer
 
-from training.tasks import TASK_TYPES
 from moe_embed_cli import UsageError, run_cli
 from training.config import TrainingConfig, describe_options
+from training.tasks import TASK_TYPES
 from training.train import build_entries, load_config
 from training.train import main as train_main
 
@@ -19,7 +19,10 @@ def _jsonl(path, rows):
 
 
 def _write_data(folder):
-    _jsonl(folder / "ret.jsonl", [{"anchor": f"question {i}", "positive": f"answer {i}", "negative": f"other {i}"} for i in range(8)])
+    _jsonl(
+        folder / "ret.jsonl",
+        [{"anchor": f"question {i}", "positive": f"answer {i}", "negative": f"other {i}"} for i in range(8)],
+    )
     _jsonl(folder / "para.jsonl", [{"anchor": f"text {i}", "positive": f"same text {i}"} for i in range(8)])
     _jsonl(folder / "para2.jsonl", [{"anchor": f"news {i}", "positive": f"story {i}", "source": "x"} for i in range(4)])
 
@@ -32,9 +35,17 @@ def workdir(tmp_path, monkeypatch):
 
 
 def _config(workdir, mote_dir, **overrides):
-    config = {"model": mote_dir, "trust_remote_code": True, "output_dir": "out", "batch_size": 4, "max_steps": 2,
-              "tasks": {"retrieval": [{"name": "ret", "path": "ret.jsonl"}],
-                        "clustering": [{"name": "a", "path": "para.jsonl"}, {"name": "b", "path": "para2.jsonl"}]}}  # fmt: skip
+    config = {
+        "model": mote_dir,
+        "trust_remote_code": True,
+        "output_dir": "out",
+        "batch_size": 4,
+        "max_steps": 2,
+        "tasks": {
+            "retrieval": [{"name": "ret", "path": "ret.jsonl"}],
+            "clustering": [{"name": "a", "path": "para.jsonl"}, {"name": "b", "path": "para2.jsonl"}],
+        },
+    }
     config.update(overrides)
     path = workdir / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -47,9 +58,17 @@ def test_registry_reaches_entries_losses_and_prompts(workdir, mote_dir):
     datasets, losses, prompts = build_entries(config, workdir, model)
     assert set(datasets) == {"retrieval/ret", "clustering"}  # retrieval stays per dataset, clustering is concatenated
     assert len(datasets["clustering"]) == 12 and datasets["clustering"].column_names == ["anchor", "positive"]
-    assert losses["retrieval/ret"].scale == pytest.approx(1 / TASK_TYPES["retrieval"].temperature) == pytest.approx(1 / 0.03)
+    assert (
+        losses["retrieval/ret"].scale
+        == pytest.approx(1 / TASK_TYPES["retrieval"].temperature)
+        == pytest.approx(1 / 0.03)
+    )
     assert losses["clustering"].scale == pytest.approx(1 / 0.06)
-    assert prompts["retrieval/ret"] == {"anchor": "search_query: ", "positive": "search_document: ", "negative": "search_document: "}
+    assert prompts["retrieval/ret"] == {
+        "anchor": "search_query: ",
+        "positive": "search_document: ",
+        "negative": "search_document: ",
+    }
     assert prompts["clustering"] == {"anchor": "clustering: ", "positive": "clustering: "}
 
 
@@ -72,7 +91,8 @@ def test_static_curriculum_mixes_tasks_with_prompts_in_the_text(workdir, mote_di
     ids = model.tokenize(first)["input_ids"]
     tasks = model[0].auto_model.config.tasks
     assert [tasks[i] for i in detect_task_ids(ids, model[0].auto_model.config)] == [
-        "query" if text.startswith("search_query") else "clustering" for text in first]
+        "query" if text.startswith("search_query") else "clustering" for text in first
+    ]
 
 
 def test_loss_options_build_the_configured_losses(workdir, mote_dir):
@@ -88,8 +108,10 @@ def test_loss_options_build_the_configured_losses(workdir, mote_dir):
         assert inner.mini_batch_size == 3 and inner.gather_across_devices
         assert inner.scale == pytest.approx(1 / (0.03 if entry.startswith("retrieval") else 0.06))
     _, losses, _ = build_entries(load_config(_config(workdir, mote_dir)), workdir, model)
-    assert all(type(loss) is st_losses.MultipleNegativesRankingLoss and not loss.gather_across_devices
-               for loss in losses.values())  # fmt: skip
+    assert all(
+        type(loss) is st_losses.MultipleNegativesRankingLoss and not loss.gather_across_devices
+        for loss in losses.values()
+    )
 
 
 def test_cli_trains_and_saves_with_gradcache_and_matryoshka(workdir, mote_dir):
@@ -99,8 +121,11 @@ def test_cli_trains_and_saves_with_gradcache_and_matryoshka(workdir, mote_dir):
     assert trained.encode_query(["question 1"]).shape == (1, 384)
     assert trained.max_seq_length == SentenceTransformer(mote_dir, trust_remote_code=True).max_seq_length
     before = SentenceTransformer(mote_dir, trust_remote_code=True)
-    changed = {name for name, p in trained[0].auto_model.named_parameters()
-               if not p.equal(before[0].auto_model.get_parameter(name))}  # fmt: skip
+    changed = {
+        name
+        for name, p in trained[0].auto_model.named_parameters()
+        if not p.equal(before[0].auto_model.get_parameter(name))
+    }
     assert changed and not any(".experts.2." in name for name in changed)  # classification saw no batch
 
 
@@ -189,14 +214,32 @@ train(load_config(Path(sys.argv[1])), Path.cwd(), trainer_cls=RecordingTrainer)
 
 # No dropout, so that one process and two see the same function; gathered in-batch negatives, so
 # that both compute the loss of the same global batch.
-EXACT = {"config_kwargs": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
-         "loss": {"gather_across_devices": True}, "logging_steps": 1, "max_steps": 4, "learning_rate": 1e-4}  # fmt: skip
+EXACT = {
+    "config_kwargs": {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0},
+    "loss": {"gather_across_devices": True},
+    "logging_steps": 1,
+    "max_steps": 4,
+    "learning_rate": 1e-4,
+}
 LAUNCHERS = {
     "torchrun": ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517"],
     # accelerate's multi-process launcher is torchrun's; on CPU, training.train picks the gloo backend
-    "accelerate": ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                   "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29518"],
-}  # fmt: skip
+    "accelerate": [
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        "29518",
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +257,11 @@ def single_process_losses(tmp_path_factory, mote_dir):
             super().__init__(*args, **kwargs)
             trainers.append(self)
 
-    train(load_config(_config(workdir, mote_dir, batch_size=4, output_dir="single-out", **EXACT)), workdir, trainer_cls=Keep)
+    train(
+        load_config(_config(workdir, mote_dir, batch_size=4, output_dir="single-out", **EXACT)),
+        workdir,
+        trainer_cls=Keep,
+    )
     return [entry["loss"] for entry in trainers[0].state.log_history if "loss" in entry]
 
 
@@ -234,8 +281,12 @@ def test_two_processes_match_one_process_on_the_same_global_batch(workdir, mote_
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, *LAUNCHERS[launcher], str(workdir / "run.py"), str(config), str(workdir / "record")],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [(workdir / "record" / f"rank{r}.txt").read_text().split("\n")[:-1] for r in (0, 1)]
     assert len(ranks[0]) == len(ranks[1]) == 4
@@ -276,8 +327,16 @@ def test_average_gradients_follows_ddps_missing_gradient_rule(tmp_path):
     (tmp_path / "avg.py").write_text(AVERAGE_GRADIENTS)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     store = str(tmp_path / "store")
-    processes = [subprocess.Popen([sys.executable, str(tmp_path / "avg.py"), str(rank), store], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]  # fmt: skip
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "avg.py"), str(rank), store],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     outputs = [process.communicate(timeout=120) for process in processes]
     assert [process.returncode for process in processes] == [0, 0], [err[-2000:] for _, err in outputs]
     assert [out.strip() for out, _ in outputs] == ["ok 0", "ok 1"]

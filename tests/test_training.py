@@ -12,13 +12,14 @@ from sentence_transformers.losses import MultipleNegativesRankingLoss
 from training.sampler import TaskAwareBatchSampler
 
 
-
 def _datasets():
     """The two-task data of examples/finetune_two_tasks.py (retrieval pairs and clustering pairs)."""
     spec = importlib.util.spec_from_file_location("finetune_example", REPO / "examples" / "finetune_two_tasks.py")
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    return DatasetDict({"retrieval": example.to_dataset(example.RETRIEVAL), "clusters": example.to_dataset(example.CLUSTERING)})
+    return DatasetDict(
+        {"retrieval": example.to_dataset(example.RETRIEVAL), "clusters": example.to_dataset(example.CLUSTERING)}
+    )
 
 
 def _expert_params(model, task):
@@ -39,16 +40,34 @@ def test_trainer_updates_only_experts_of_seen_tasks(mote_dir, tmp_path, routing)
     shared_before = model[0].auto_model.encoder.layer[0].intermediate.dense.weight.detach().clone()
 
     if routing == "prompts":
-        extra = {"prompts": {"retrieval": {"anchor": "search_query: ", "positive": "search_document: "},
-                             "clusters": "clustering: "}}  # fmt: skip
+        extra = {
+            "prompts": {
+                "retrieval": {"anchor": "search_query: ", "positive": "search_document: "},
+                "clusters": "clustering: ",
+            }
+        }
     else:  # tasks named per column; the module prepends each task's prefix
-        extra = {"router_mapping": {"retrieval": {"anchor": "query", "positive": "document"},
-                                    "clusters": {"anchor": "clustering", "positive": "clustering"}}}  # fmt: skip
+        extra = {
+            "router_mapping": {
+                "retrieval": {"anchor": "query", "positive": "document"},
+                "clusters": {"anchor": "clustering", "positive": "clustering"},
+            }
+        }
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3,
-        weight_decay=0.0, warmup_steps=0, logging_steps=100, save_strategy="no", report_to="none", seed=0,
-        dataloader_drop_last=True, multi_dataset_batch_sampler=TaskAwareBatchSampler, **extra,
-    )  # fmt: skip
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        max_steps=4,
+        learning_rate=1e-3,
+        weight_decay=0.0,
+        warmup_steps=0,
+        logging_steps=100,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        dataloader_drop_last=True,
+        multi_dataset_batch_sampler=TaskAwareBatchSampler,
+        **extra,
+    )
     trainer = SentenceTransformerTrainer(
         model=model, args=args, train_dataset=_datasets(), loss=MultipleNegativesRankingLoss(model)
     )
@@ -68,14 +87,17 @@ def test_router_aux_loss_is_added_and_trains_the_router(moe_dir, tmp_path):
     auto = model[0].auto_model
     base = MultipleNegativesRankingLoss(model)
     loss = RouterAuxLoss(base)
-    features = [model.preprocess(["search_query: " + a for a in ("cats", "dogs")]),
-                model.preprocess(["search_document: " + p for p in ("a cat", "a dog")])]  # fmt: skip
+    features = [
+        model.preprocess(["search_query: " + a for a in ("cats", "dogs")]),
+        model.preprocess(["search_document: " + p for p in ("a cat", "a dog")]),
+    ]
     labels = torch.zeros(2)
     total = loss(features, labels)
     contrastive = base([{k: v for k, v in f.items() if k != "aux_loss"} for f in features], labels)
     with torch.no_grad():
-        aux = torch.stack([auto(**{k: f[k] for k in ("input_ids", "attention_mask", "token_type_ids")}).aux_loss
-                           for f in features]).mean()  # fmt: skip
+        aux = torch.stack(
+            [auto(**{k: f[k] for k in ("input_ids", "attention_mask", "token_type_ids")}).aux_loss for f in features]
+        ).mean()
     assert torch.allclose(total, contrastive + aux, atol=1e-5)
     total.backward()
     router = auto.encoder.layer[auto.config.moe_layers[0]].mlp.router.weight
@@ -84,9 +106,15 @@ def test_router_aux_loss_is_added_and_trains_the_router(moe_dir, tmp_path):
     # and in a trainer run the router moves
     before = router.detach().clone()
     args = SentenceTransformerTrainingArguments(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=2, learning_rate=1e-2,
-        save_strategy="no", report_to="none", seed=0, prompts={"retrieval": "search_query: ", "clusters": "clustering: "},
-    )  # fmt: skip
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        max_steps=2,
+        learning_rate=1e-2,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        prompts={"retrieval": "search_query: ", "clusters": "clustering: "},
+    )
     SentenceTransformerTrainer(model=model, args=args, train_dataset=_datasets(), loss=loss).train()
     assert not torch.equal(router.detach(), before)
 
@@ -111,8 +139,10 @@ def test_router_aux_loss_around_matryoshka_adds_aux_once(moe_dir):
     loss = RouterAuxLoss(matryoshka)
 
     def features():
-        return [model.preprocess(["search_query: cats", "search_query: dogs"]),
-                model.preprocess(["search_document: a cat", "search_document: a dog"])]  # fmt: skip
+        return [
+            model.preprocess(["search_query: cats", "search_query: dogs"]),
+            model.preprocess(["search_document: a cat", "search_document: a dog"]),
+        ]
 
     model.eval()  # no dropout: the three evaluations below see the same function
     labels = torch.zeros(2)
@@ -130,10 +160,14 @@ def test_router_aux_loss_with_hard_negatives(moe_dir):
     model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
     model.eval()
     loss = RouterAuxLoss(MultipleNegativesRankingLoss(model))
-    features = [model.preprocess(["search_query: cats", "search_query: dogs"]),
-                model.preprocess(["search_document: a cat", "search_document: a dog"]),
-                model.preprocess(["search_document: a car", "search_document: a tree"])]  # fmt: skip
+    features = [
+        model.preprocess(["search_query: cats", "search_query: dogs"]),
+        model.preprocess(["search_document: a cat", "search_document: a dog"]),
+        model.preprocess(["search_document: a car", "search_document: a tree"]),
+    ]
     total = loss(features, torch.zeros(2))
     aux = torch.stack([f["aux_loss"] for f in features]).mean()
-    plain = MultipleNegativesRankingLoss(model)([{k: v for k, v in f.items() if k != "aux_loss"} for f in features], None)
+    plain = MultipleNegativesRankingLoss(model)(
+        [{k: v for k, v in f.items() if k != "aux_loss"} for f in features], None
+    )
     assert torch.allclose(total, plain + aux, atol=1e-5)

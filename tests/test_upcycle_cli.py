@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import read_json, run_main, run_script
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from convert.checkpoint import map_state_dict
-from convert.upcycle import main as upcycle_main, save_dense_with_prompts
+from convert.upcycle import main as upcycle_main
+from convert.upcycle import save_dense_with_prompts
 from moe_embed_cli import UsageError
 
 
@@ -36,16 +37,35 @@ def test_default_run_writes_a_complete_folder(mote_dir, dense_path):
     folder = Path(mote_dir)
     names = {p.name for p in folder.iterdir()}
     expected = {
-        "config.json", "model.safetensors", "README.md", "modules.json", "sentence_bert_config.json",
-        "config_sentence_transformers.json", "st_mote.py", "modeling_mote.py", "configuration_mote.py",
-        "modeling_encoder.py", "configuration_encoder.py", "tokenizer.json", "tokenizer_config.json", "1_Pooling",
-    }  # fmt: skip
+        "config.json",
+        "model.safetensors",
+        "README.md",
+        "modules.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
+        "st_mote.py",
+        "modeling_mote.py",
+        "configuration_mote.py",
+        "modeling_encoder.py",
+        "configuration_encoder.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "1_Pooling",
+    }
     assert expected <= names, expected - names
     assert not [n for n in names if n.endswith((".bin", ".pt", ".pkl"))]
     config = read_json(folder / "config.json")
     assert config["model_type"] == "mote_bert"
-    assert config["auto_map"] == {"AutoConfig": "configuration_mote.MoteBertConfig", "AutoModel": "modeling_mote.MoteBertModel"}
-    assert config["expert_layers"] == [1, 3, 5] and config["tasks"] == ["query", "document", "classification", "clustering"]
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_mote.MoteBertConfig",
+        "AutoModel": "modeling_mote.MoteBertModel",
+    }
+    assert config["expert_layers"] == [1, 3, 5] and config["tasks"] == [
+        "query",
+        "document",
+        "classification",
+        "clustering",
+    ]
     assert read_json(folder / "modules.json")[0]["type"] == "st_mote.MoteTransformer"
     assert read_json(folder / "1_Pooling" / "config.json") == read_json(Path(dense_path) / "1_Pooling" / "config.json")
     card = (folder / "README.md").read_text()
@@ -55,18 +75,27 @@ def test_default_run_writes_a_complete_folder(mote_dir, dense_path):
     mote = load_file(str(folder / "model.safetensors"))
     for layer in (1, 3, 5):
         for expert in range(4):
-            assert torch.equal(mote[f"encoder.layer.{layer}.experts.{expert}.intermediate.dense.weight"],
-                               dense[f"encoder.layer.{layer}.intermediate.dense.weight"])  # fmt: skip
-            assert torch.equal(mote[f"encoder.layer.{layer}.experts.{expert}.attention_LayerNorm.weight"],
-                               dense[f"encoder.layer.{layer}.attention.output.LayerNorm.weight"])  # fmt: skip
-    assert torch.equal(mote["encoder.layer.0.intermediate.dense.weight"], dense["encoder.layer.0.intermediate.dense.weight"])
+            assert torch.equal(
+                mote[f"encoder.layer.{layer}.experts.{expert}.intermediate.dense.weight"],
+                dense[f"encoder.layer.{layer}.intermediate.dense.weight"],
+            )
+            assert torch.equal(
+                mote[f"encoder.layer.{layer}.experts.{expert}.attention_LayerNorm.weight"],
+                dense[f"encoder.layer.{layer}.attention.output.LayerNorm.weight"],
+            )
+    assert torch.equal(
+        mote["encoder.layer.0.intermediate.dense.weight"], dense["encoder.layer.0.intermediate.dense.weight"]
+    )
 
 
 def test_existing_output_is_refused_without_overwrite(mote_dir):
     before = _tree_digest(Path(mote_dir))
     result = run_script("convert/upcycle.py", "--output", mote_dir)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == f"error: {Path(mote_dir).resolve()} already exists; pass --overwrite to replace it"
+    assert (
+        result.stderr.strip().splitlines()[-1]
+        == f"error: {Path(mote_dir).resolve()} already exists; pass --overwrite to replace it"
+    )
     assert "Traceback" not in result.stderr
     assert _tree_digest(Path(mote_dir)) == before
 
@@ -75,13 +104,26 @@ def test_overwrite_replaces_atomically(tmp_path, capsys):
     out = tmp_path / "m"
     out.mkdir()
     (out / "stale.txt").write_text("old")
-    code, err = upcycle(capsys, "--output", str(out), "--overwrite", "--expert-layers", "all",
-                        "--tasks", "query", "document", "--no-verify")  # fmt: skip
+    code, err = upcycle(
+        capsys,
+        "--output",
+        str(out),
+        "--overwrite",
+        "--expert-layers",
+        "all",
+        "--tasks",
+        "query",
+        "document",
+        "--no-verify",
+    )
     assert code == 0, err
     assert not (out / "stale.txt").exists()
     assert read_json(out / "config.json")["expert_layers"] == [0, 1, 2, 3, 4, 5]
     assert read_json(out / "config_sentence_transformers.json")["prompts"] == {
-        "query": "search_query: ", "document": "search_document: ", "passage": "search_document: "}  # fmt: skip
+        "query": "search_query: ",
+        "document": "search_document: ",
+        "passage": "search_document: ",
+    }
     assert _leftovers(tmp_path) == []
 
 
@@ -172,8 +214,11 @@ def test_map_state_dict_fails_loudly():
     with pytest.raises(UsageError, match="shape mismatch"):
         map_state_dict({"a": torch.zeros(2), "b": torch.zeros(4)}, shapes, same)
     with pytest.raises(UsageError, match="left unmapped"):
-        map_state_dict({"a": torch.zeros(2), "b": torch.zeros(3), "c": torch.zeros(1)}, shapes,
-                       lambda k, t: [] if k == "c" else [(k, t)])  # fmt: skip
+        map_state_dict(
+            {"a": torch.zeros(2), "b": torch.zeros(3), "c": torch.zeros(1)},
+            shapes,
+            lambda k, t: [] if k == "c" else [(k, t)],
+        )
     with pytest.raises(UsageError, match="not filled"):
         map_state_dict({"a": torch.zeros(2)}, shapes, same)
     with pytest.raises(UsageError, match="two checkpoint tensors map to b"):
@@ -188,8 +233,16 @@ def test_roberta_checkpoint_upcycles_to_its_own_function(dense_path, tmp_path, c
     from modeling.modeling_mote import MoteBertModel
 
     source = tmp_path / "roberta"
-    config = RobertaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, max_position_embeddings=66, type_vocab_size=1, pad_token_id=0)  # fmt: skip
+    config = RobertaConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=66,
+        type_vocab_size=1,
+        pad_token_id=0,
+    )
     torch.manual_seed(0)
     dense = RobertaModel(config).eval()
     dense.save_pretrained(source)
@@ -238,18 +291,41 @@ def test_moe_folder_and_options(moe_dir, tmp_path, capsys, dense_path):
     assert config["model_type"] == "moe_bert" and config["auto_map"]["AutoModel"] == "modeling_moe.MoeBertModel"
     assert (config["num_local_experts"], config["num_experts_per_tok"], config["moe_layers"]) == (8, 2, [1, 3, 5])
     assert read_json(folder / "modules.json")[0]["type"] == "st_moe.MoeTransformer"
-    assert {"st_moe.py", "modeling_moe.py", "configuration_moe.py", "modeling_encoder.py"} <= {p.name for p in folder.iterdir()}
+    assert {"st_moe.py", "modeling_moe.py", "configuration_moe.py", "modeling_encoder.py"} <= {
+        p.name for p in folder.iterdir()
+    }
     assert "mixture-of-experts" in (folder / "README.md").read_text()
     weights = load_file(str(folder / "model.safetensors"))
     dense = load_file(str(Path(dense_path) / "model.safetensors"))
     up = weights["encoder.layer.3.mlp.experts.up_proj"]
-    assert up.shape == (8, 1536, 384) and all(torch.equal(up[e], dense["encoder.layer.3.intermediate.dense.weight"]) for e in range(8))
-    assert torch.equal(weights["encoder.layer.3.output.LayerNorm.weight"], dense["encoder.layer.3.output.LayerNorm.weight"])
+    assert up.shape == (8, 1536, 384) and all(
+        torch.equal(up[e], dense["encoder.layer.3.intermediate.dense.weight"]) for e in range(8)
+    )
+    assert torch.equal(
+        weights["encoder.layer.3.output.LayerNorm.weight"], dense["encoder.layer.3.output.LayerNorm.weight"]
+    )
     assert "encoder.layer.2.intermediate.dense.weight" in weights  # dense layers keep BERT names
 
     out = tmp_path / "moe-noisy"
-    code, err = upcycle(capsys, "--arch", "moe", "--output", str(out), "--num-experts", "4", "--experts-per-token", "1",
-                        "--moe-layers", "all", "--router-init", "zeros", "--expert-noise", "0.01", "--seed", "3")  # fmt: skip
+    code, err = upcycle(
+        capsys,
+        "--arch",
+        "moe",
+        "--output",
+        str(out),
+        "--num-experts",
+        "4",
+        "--experts-per-token",
+        "1",
+        "--moe-layers",
+        "all",
+        "--router-init",
+        "zeros",
+        "--expert-noise",
+        "0.01",
+        "--seed",
+        "3",
+    )
     assert code == 0, err
     noisy = load_file(str(out / "model.safetensors"))
     assert torch.equal(noisy["encoder.layer.0.mlp.router.weight"], torch.zeros(4, 384))

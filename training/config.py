@@ -48,7 +48,9 @@ class LossConfig:
 
     def __post_init__(self):
         if self.cached_mini_batch_size is not None and self.cached_mini_batch_size < 1:
-            raise UsageError(f"loss.cached_mini_batch_size must be a positive integer, got {self.cached_mini_batch_size!r}")
+            raise UsageError(
+                f"loss.cached_mini_batch_size must be a positive integer, got {self.cached_mini_batch_size!r}"
+            )
         if self.matryoshka_dims is not None and (not self.matryoshka_dims or min(self.matryoshka_dims) < 1):
             raise UsageError(f"loss.matryoshka_dims must be a list of positive integers, got {self.matryoshka_dims!r}")
 
@@ -62,7 +64,9 @@ class TrainingConfig:
         f"task type ({', '.join(TASK_TYPES)}) -> list of datasets, each {{name, path}}"
     )
     trust_remote_code: bool = _help("allow the model folder's own code (MoTE, MoE)", False)
-    model_kwargs: dict | None = _help("keyword arguments for the transformers model (SentenceTransformer model_kwargs)", None)
+    model_kwargs: dict | None = _help(
+        "keyword arguments for the transformers model (SentenceTransformer model_kwargs)", None
+    )
     config_kwargs: dict | None = _help("config overrides, e.g. {hidden_dropout_prob: 0.1}", None)
     output_dir: str = _help("where the trained model (and checkpoints) are saved", "models/tacl")
     seed: int = _help("seed of the trainer, the sampler and the dataset shuffles", 0)
@@ -74,15 +78,18 @@ class TrainingConfig:
     save_steps: int = _help("save a checkpoint in output_dir/checkpoint-N every N steps; 0 saves none", 0)
     logging_steps: int = _help("log the loss every N steps", 10)
     ddp_backend: str | None = _help("data-parallel backend (default: gloo when launched on CPU)", None)
-    max_seq_length: int | None = _help("truncate training inputs to this many tokens (the saved model keeps its own)", None)
+    max_seq_length: int | None = _help(
+        "truncate training inputs to this many tokens (the saved model keeps its own)", None
+    )
     curriculum: str = _help(
         "task_aware (TA-CL: per-task entries, prompts and temperatures) or static (one mixed entry, "
         "prompts written into the text, one temperature)",
         "task_aware",
     )
     temperature: float = _help("InfoNCE temperature of the static curriculum (task_aware uses each task type's)", 0.03)
-    loss: LossConfig = _help("loss options: cached_mini_batch_size, matryoshka_dims, gather_across_devices",
-                             default_factory=LossConfig)
+    loss: LossConfig = _help(
+        "loss options: cached_mini_batch_size, matryoshka_dims, gather_across_devices", default_factory=LossConfig
+    )
 
     def __post_init__(self):
         if not self.model:
@@ -171,11 +178,14 @@ def from_mapping(cls, data, where: str = "config"):
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise UsageError(f"unknown key {key!r} in {where}{hint} Valid keys: {', '.join(known)}")
-    missing = [name for name, f in known.items()
-               if name not in data and f.default is MISSING and f.default_factory is MISSING]  # fmt: skip
+    missing = [
+        name for name, f in known.items() if name not in data and f.default is MISSING and f.default_factory is MISSING
+    ]
     if missing:
         raise UsageError(f"{where} must define {', '.join(f'`{m}`' for m in missing)}")
-    values = {key: _convert(value, hints[key], f"{where}.{key}" if where != "config" else key) for key, value in data.items()}
+    values = {
+        key: _convert(value, hints[key], f"{where}.{key}" if where != "config" else key) for key, value in data.items()
+    }
     return cls(**values)
 
 
@@ -210,4 +220,12 @@ def describe_options(cls=TrainingConfig, indent: str = "  ") -> str:
     return "\n".join(lines)
 
 
-__all__ = ["TrainingConfig", "LossConfig", "DatasetSpec", "CURRICULA", "load_config", "from_mapping", "describe_options"]
+__all__ = [
+    "TrainingConfig",
+    "LossConfig",
+    "DatasetSpec",
+    "CURRICULA",
+    "load_config",
+    "from_mapping",
+    "describe_options",
+]

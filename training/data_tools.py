@@ -75,10 +75,19 @@ def mine(rows: list[dict], model, margin: float, num_negatives: int, range_max: 
         raise UsageError(f"--margin must lie in (0, 1], got {margin}")
     dataset = Dataset.from_dict({"anchor": [r["anchor"] for r in rows], "positive": [r["positive"] for r in rows]})
     mined = mine_hard_negatives(
-        dataset, model, relative_margin=1.0 - margin, num_negatives=num_negatives, range_max=range_max,
-        sampling_strategy="top", output_format="triplet", batch_size=batch_size, use_faiss=False,
-        query_prompt=_prompt(model, ("query",)), corpus_prompt=_prompt(model, ("document", "passage")), verbose=False,
-    )  # fmt: skip
+        dataset,
+        model,
+        relative_margin=1.0 - margin,
+        num_negatives=num_negatives,
+        range_max=range_max,
+        sampling_strategy="top",
+        output_format="triplet",
+        batch_size=batch_size,
+        use_faiss=False,
+        query_prompt=_prompt(model, ("query",)),
+        corpus_prompt=_prompt(model, ("document", "passage")),
+        verbose=False,
+    )
     return [{"anchor": r["anchor"], "positive": r["positive"], "negative": r["negative"]} for r in mined]
 
 
@@ -96,10 +105,20 @@ def consistency_filter(rows: list[dict], model, top_k: int, batch_size: int) -> 
         raise UsageError(f"--top-k must be at least 1, got {top_k}")
     distinct = list(dict.fromkeys(r["positive"] for r in rows))  # first-seen order
     column = {text: i for i, text in enumerate(distinct)}
-    queries = model.encode([r["anchor"] for r in rows], prompt=_prompt(model, ("query",)), batch_size=batch_size,
-                           convert_to_tensor=True, normalize_embeddings=True)  # fmt: skip
-    docs = model.encode(distinct, prompt=_prompt(model, ("document", "passage")),
-                        batch_size=batch_size, convert_to_tensor=True, normalize_embeddings=True)  # fmt: skip
+    queries = model.encode(
+        [r["anchor"] for r in rows],
+        prompt=_prompt(model, ("query",)),
+        batch_size=batch_size,
+        convert_to_tensor=True,
+        normalize_embeddings=True,
+    )
+    docs = model.encode(
+        distinct,
+        prompt=_prompt(model, ("document", "passage")),
+        batch_size=batch_size,
+        convert_to_tensor=True,
+        normalize_embeddings=True,
+    )
     own_column = torch.tensor([column[r["positive"]] for r in rows])
     kept = []
     for start in range(0, len(rows), 1024):
@@ -117,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, help="embedding model (folder or Hub id) used as the teacher")
     parser.add_argument("--output", required=True, help="JSONL to write")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument("--margin", type=float, default=0.95, help="mine: keep negatives scoring below margin x positive")
+    parser.add_argument(
+        "--margin", type=float, default=0.95, help="mine: keep negatives scoring below margin x positive"
+    )
     parser.add_argument("--num-negatives", type=int, default=1, help="mine: negatives per pair")
     parser.add_argument("--range-max", type=int, default=50, help="mine: candidates considered per anchor")
     parser.add_argument("--top-k", type=int, default=20, help="filter: keep pairs whose positive ranks in the top-k")

@@ -68,9 +68,13 @@ def make_loss(model, temperature: float, options: LossConfig, is_moe: bool):
     common = {"scale": 1.0 / temperature, "gather_across_devices": options.gather_across_devices}
     if options.cached_mini_batch_size:
         if is_moe:
-            raise UsageError("loss.cached_mini_batch_size cannot train a token-routed MoE: GradCache embeds copies "
-                             "of the inputs, so the router's load-balancing loss would be lost")
-        loss = losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=options.cached_mini_batch_size, **common)
+            raise UsageError(
+                "loss.cached_mini_batch_size cannot train a token-routed MoE: GradCache embeds copies "
+                "of the inputs, so the router's load-balancing loss would be lost"
+            )
+        loss = losses.CachedMultipleNegativesRankingLoss(
+            model, mini_batch_size=options.cached_mini_batch_size, **common
+        )
     else:
         loss = losses.MultipleNegativesRankingLoss(model, **common)
     if options.matryoshka_dims:
@@ -100,9 +104,15 @@ def build_entries(config: TrainingConfig, base: Path, model) -> tuple[dict, dict
             groups = {f"{task}/{name}": data for name, data in loaded}
         else:
             columns = set.intersection(*(set(d.column_names) for _, d in loaded))
-            groups = {task: concatenate_datasets([d.select_columns(sorted(columns)) for _, d in loaded]).shuffle(seed=config.seed)}
+            groups = {
+                task: concatenate_datasets([d.select_columns(sorted(columns)) for _, d in loaded]).shuffle(
+                    seed=config.seed
+                )
+            }
         for entry, data in groups.items():
-            datasets[entry] = data.select_columns([c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in data.column_names])
+            datasets[entry] = data.select_columns(
+                [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in data.column_names]
+            )
             temperatures[entry] = kind.temperature
             prompts[entry] = column_prompts(kind, datasets[entry].column_names, model.prompts or {})
     if config.curriculum == "static":
@@ -128,7 +138,9 @@ def train(config: TrainingConfig, base: Path, trainer_cls=None):
     from training.trainer import TaskAwareTrainer
 
     model = SentenceTransformer(
-        config.model, trust_remote_code=config.trust_remote_code, model_kwargs=config.model_kwargs,
+        config.model,
+        trust_remote_code=config.trust_remote_code,
+        model_kwargs=config.model_kwargs,
         config_kwargs=config.config_kwargs,
     )
     saved_max_seq_length = model.max_seq_length

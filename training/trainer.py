@@ -26,7 +26,7 @@ def average_gradients(parameters, world_size: int) -> None:
         return
     has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=params[0].device)
     dist.all_reduce(has_grad)
-    used = [p for p, count in zip(params, has_grad.tolist()) if count]
+    used = [p for p, count in zip(params, has_grad.tolist(), strict=True) if count]
     if not used:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in used]
