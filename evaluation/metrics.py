@@ -76,30 +76,9 @@ def classification_experiment_accuracies(
     return scores
 
 
-def classification_accuracy(
-    train_embeddings: np.ndarray,
-    train_labels: list,
-    test_embeddings: np.ndarray,
-    test_labels: list,
-    n_experiments: int = 10,
-    samples_per_label: int = 8,
-    max_iter: int = 100,
-    seed: int = 42,
-    draws: list[np.ndarray] | None = None,
-) -> float:
-    """Mean of `classification_experiment_accuracies` over the experiments (MTEB's classification score)."""
-    scores = classification_experiment_accuracies(
-        train_embeddings,
-        train_labels,
-        test_embeddings,
-        test_labels,
-        n_experiments,
-        samples_per_label,
-        max_iter,
-        seed,
-        draws,
-    )
-    return float(np.mean(scores))
+def classification_accuracy(*args, **kwargs) -> float:
+    """MTEB's classification score: the mean of `classification_experiment_accuracies(*args, **kwargs)`."""
+    return float(np.mean(classification_experiment_accuracies(*args, **kwargs)))
 
 
 def clustering_v_measure(embeddings: np.ndarray, labels: list, n_runs: int = 10, seed: int = 42) -> float:

@@ -2,6 +2,7 @@
 
 import sys
 
+import pytest
 from conftest import REPO, run_repo_script, tiny_moe_config
 
 
@@ -25,6 +26,7 @@ def test_flop_bound_for_minilm_shapes():
     assert 0.74 < expected < 0.76  # "about 0.75x the dense throughput" for top-2 in half the layers
 
 
+@pytest.mark.slow
 def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
     quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
     mote = run_repo_script("benchmarks/bench_mote.py", *quick, "--model", mote_dir, capsys=capsys)
@@ -34,6 +36,7 @@ def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
     assert row.startswith("| 2 | 16 |") and row.count("|") == 9
 
 
+@pytest.mark.slow
 def test_training_benchmark_runs(tmp_path, capsys):
     import json
 

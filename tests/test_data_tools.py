@@ -32,6 +32,7 @@ def _scores(model, anchors, docs):
     return model.encode(anchors, normalize_embeddings=True) @ model.encode(docs, normalize_embeddings=True).T
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("margin", [0.95, 0.8])
 def test_mined_negative_is_the_best_candidate_under_the_margin(minilm, margin):
     triplets = mine(PAIRS, minilm, margin=margin, num_negatives=1, range_max=10, batch_size=8)
@@ -82,6 +83,7 @@ def test_consistency_filter_rank_counts_distinct_positives_and_ties_are_not_abov
     assert consistency_filter(rows + [rows[3]], model, top_k=1, batch_size=3) == [rows[0], rows[1], rows[3], rows[3]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k", [1, 2, 3])
 def test_consistency_filter_keeps_pairs_whose_positive_ranks_in_the_top_k(minilm, top_k):
     noisy = PAIRS + [

@@ -1,5 +1,6 @@
 """Every example runs offline against an upcycled model and prints what it promises."""
 
+import pytest
 from conftest import run_repo_script
 
 
@@ -7,6 +8,7 @@ def run_example(name: str, *args: str, capsys) -> str:
     return run_repo_script(f"examples/{name}", *args, capsys=capsys)
 
 
+@pytest.mark.slow
 def test_quickstart(mote_dir, capsys):
     out = run_example("quickstart.py", mote_dir, capsys=capsys)
     assert "routed the prefixed rows to experts: ['query', 'document', 'classification', 'clustering']" in out
@@ -22,12 +24,14 @@ def test_route_with_automodel(mote_dir, capsys):
     assert "no task: Cannot tell the task" in out
 
 
+@pytest.mark.slow
 def test_semantic_search(mote_dir, capsys):
     out = run_example("semantic_search.py", mote_dir, capsys=capsys)
     assert "'who discovered gravity?'        -> 'Isaac Newton" in out
     assert "'how do plants make energy?'     -> 'Photosynthesis" in out
 
 
+@pytest.mark.slow
 def test_finetune_two_tasks(mote_dir, tmp_path, capsys):
     out = run_example(
         "finetune_two_tasks.py", mote_dir, "--output", str(tmp_path / "ft"), "--steps", "2", capsys=capsys

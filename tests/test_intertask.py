@@ -58,6 +58,7 @@ def ic_dir(tmp_path_factory, dense_path, mote_dir):
     return str(out)
 
 
+@pytest.mark.slow
 def test_cli_compares_two_models(ic_dir, mote_dir, tmp_path, capsys):
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(TEXTS) + "\n")

@@ -73,6 +73,7 @@ def test_expert_averaging_of_trained_experts_is_the_hand_average(mote_dir, tmp_p
     )
 
 
+@pytest.mark.slow
 def test_task_export_equals_mote_routed_to_that_task_without_remote_code(mote_dir, tmp_path, capsys):
     import json
 
@@ -91,6 +92,7 @@ def test_task_export_equals_mote_routed_to_that_task_without_remote_code(mote_di
     assert (torch.tensor(result["default"]) - other).abs().max() > 1e-3
 
 
+@pytest.mark.slow
 def test_moe_expert_averaging(moe_dir, dense_path, tmp_path, capsys):
     out = tmp_path / "moe-ea"
     code, err = merge(capsys, moe_dir, "--output", str(out))

@@ -177,6 +177,7 @@ print(json.dumps({"auto": out.last_hidden_state.tolist(), "aux": out.aux_loss.it
 """
 
 
+@pytest.mark.slow
 def test_round_trip_through_a_fresh_process(moe_dir, tmp_path):
     st = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
     randomize_experts(st[0].auto_model, seed=5)
@@ -194,6 +195,7 @@ def test_round_trip_through_a_fresh_process(moe_dir, tmp_path):
         assert torch.equal(torch.tensor(values), st.encode(TEXTS, prompt_name=name, convert_to_tensor=True)), name
 
 
+@pytest.mark.slow
 def test_sentence_transformers_prompts_and_truncate_dim(moe_dir, dense_path):
     st = SentenceTransformer(moe_dir, trust_remote_code=True)
     assert set(st.prompts) == {"query", "document", "passage", "classification", "clustering"}

@@ -166,6 +166,7 @@ def test_gradients_reach_only_the_routed_expert():
         assert grads == [True, False, False, True]
 
 
+@pytest.mark.slow
 def test_concurrent_encodes_with_different_tasks_match_sequential(mote_model, tokenizer):
     randomize_experts(mote_model)
     jobs = [(task, TEXTS[i % len(TEXTS)]) for i, task in enumerate(TASKS * 2)]

@@ -11,6 +11,8 @@ import yaml
 from conftest import REPO
 from hub_server import FakeHub
 
+pytestmark = pytest.mark.slow  # every test here trains or runs a Hub upload in fresh processes
+
 TOKEN = "hf_secretTestToken0123456789"
 
 

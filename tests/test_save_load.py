@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from conftest import TEXTS, randomize_experts, run_isolated
 from sentence_transformers import SentenceTransformer
@@ -28,6 +29,7 @@ print(json.dumps(result))
 """
 
 
+@pytest.mark.slow
 def test_trained_model_round_trips_through_a_fresh_process(mote_dir, tmp_path):
     # Make the experts differ (as after training), save through the ST API, reload elsewhere.
     st = SentenceTransformer(mote_dir, trust_remote_code=True)

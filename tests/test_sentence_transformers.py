@@ -75,6 +75,7 @@ def _routed_by(model, texts, prompt_name, **kwargs):
     return matches
 
 
+@pytest.mark.slow
 def test_each_entry_point_routes_to_its_expert(st_mote_specialised):
     model = st_mote_specialised
     assert _routed_by(model, TEXTS, "clustering") == ["clustering"]

@@ -114,6 +114,7 @@ def test_loss_options_build_the_configured_losses(workdir, mote_dir):
     )
 
 
+@pytest.mark.slow
 def test_cli_trains_and_saves_with_gradcache_and_matryoshka(workdir, mote_dir):
     loss = {"cached_mini_batch_size": 2, "matryoshka_dims": [384, 64]}
     train_main(["--config", str(_config(workdir, mote_dir, loss=loss, max_seq_length=16))])
@@ -265,6 +266,7 @@ def single_process_losses(tmp_path_factory, mote_dir):
     return [entry["loss"] for entry in trainers[0].state.log_history if "loss" in entry]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_two_processes_match_one_process_on_the_same_global_batch(workdir, mote_dir, single_process_losses, launcher):
     """2 CPU processes (gloo) under torchrun or accelerate launch: at every step both ranks draw
@@ -317,6 +319,7 @@ print("ok", rank)
 """
 
 
+@pytest.mark.slow
 def test_average_gradients_follows_ddps_missing_gradient_rule(tmp_path):
     import os
     import subprocess

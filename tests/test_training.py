@@ -11,6 +11,8 @@ from sentence_transformers.losses import MultipleNegativesRankingLoss
 
 from training.sampler import TaskAwareBatchSampler
 
+pytestmark = pytest.mark.slow  # every test here trains or runs a Hub upload in fresh processes
+
 
 def _datasets():
     """The two-task data of examples/finetune_two_tasks.py (retrieval pairs and clustering pairs)."""

@@ -88,6 +88,7 @@ def test_default_run_writes_a_complete_folder(mote_dir, dense_path):
     )
 
 
+@pytest.mark.slow
 def test_existing_output_is_refused_without_overwrite(mote_dir):
     before = _tree_digest(Path(mote_dir))
     result = run_script("convert/upcycle.py", "--output", mote_dir)
@@ -190,6 +191,7 @@ def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage
     assert _tree_digest(source) == before  # the input is never touched
 
 
+@pytest.mark.slow
 def test_missing_base_folder_and_help(tmp_path, capsys):
     code, err = upcycle(capsys, "--base", str(tmp_path / "nonexistent"), "--output", str(tmp_path / "out"))
     assert code == 2 and "could not be fetched from the Hub" in err.splitlines()[-1]
@@ -262,6 +264,7 @@ def test_roberta_checkpoint_upcycles_to_its_own_function(dense_path, tmp_path, c
     assert diff.abs().max() <= 1e-5
 
 
+@pytest.mark.slow
 def test_sharded_source_sharded_output_and_dtype(dense_path, dense_model, tokenizer, tmp_path, capsys):
     source = tmp_path / "sharded-dense"
     dense_model.save_pretrained(source, max_shard_size="30MB")
