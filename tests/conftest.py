@@ -30,11 +30,21 @@ REPO_PACKAGES = (
 )
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite is a CPU suite: on a machine with a GPU, SentenceTransformer would move models there
+# while tests feed CPU tensors (subprocesses inherit this too).
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # transformers copies remote code into HF_HOME/modules; keep that out of the user's home. Set at
 # import time because transformers reads it when first imported.
 _HF_HOME = tempfile.mkdtemp(prefix="moe-embed-hf-home-")
 os.environ["HF_HOME"] = _HF_HOME
 atexit.register(shutil.rmtree, _HF_HOME, True)
+
+
+@pytest.fixture(autouse=True)
+def _seed_torch():
+    """Every test starts from the same random state, whatever ran before it (-k, reordering)."""
+    torch.manual_seed(0)
+
 
 TEXTS = [
     "Isaac Newton formulated the laws of motion.",

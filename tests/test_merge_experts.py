@@ -43,9 +43,13 @@ def test_expert_averaging_of_untrained_mote_is_the_dense_model(mote_dir, dense_p
     assert not list(out.glob("*.py"))
     ea = SentenceTransformer(str(out))
     reference = SentenceTransformer(dense_path)
-    assert torch.equal(
+    # the weights are equal (above); the outputs may differ in the last bit where the two copies of the
+    # weights sit at different memory alignments (BLAS kernels may take other paths)
+    torch.testing.assert_close(
         ea.encode(TEXTS, prompt_name="query", convert_to_tensor=True),
         reference.encode(["search_query: " + t for t in TEXTS], convert_to_tensor=True),
+        rtol=0,
+        atol=1e-6,
     )
 
 

@@ -64,8 +64,11 @@ def test_save_pretrained_round_trip_in_process(tmp_path):
     again = MoteBertModel.from_pretrained(tmp_path).eval()
     ids = torch.randint(1000, 2000, (2, 7))
     with torch.no_grad():
-        assert torch.equal(
+        # loaded weights keep the file's offsets, so their alignment (and a BLAS kernel's path) may differ
+        torch.testing.assert_close(
             model(input_ids=ids, task="clustering").last_hidden_state,
             again(input_ids=ids, task="clustering").last_hidden_state,
+            rtol=0,
+            atol=1e-6,
         )
     assert again.config.tasks == model.config.tasks and again.config.expert_layers == [1, 3]

@@ -222,8 +222,20 @@ EXACT = {
     "max_steps": 4,
     "learning_rate": 1e-4,
 }
+
+
+def free_port() -> int:
+    """A port no process listens on now (a fixed one may be taken on a shared machine)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# Each launcher's arguments end with its port option; the test appends a free port.
 LAUNCHERS = {
-    "torchrun": ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517"],
+    "torchrun": ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"],
     # accelerate's multi-process launcher is torchrun's; on CPU, training.train picks the gloo backend
     "accelerate": [
         "-m",
@@ -238,7 +250,6 @@ LAUNCHERS = {
         "--dynamo_backend",
         "no",
         "--main_process_port",
-        "29518",
     ],
 }
 
@@ -282,7 +293,14 @@ def test_two_processes_match_one_process_on_the_same_global_batch(workdir, mote_
     (workdir / "record").mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [sys.executable, *LAUNCHERS[launcher], str(workdir / "run.py"), str(config), str(workdir / "record")],
+        [
+            sys.executable,
+            *LAUNCHERS[launcher],
+            str(free_port()),
+            str(workdir / "run.py"),
+            str(config),
+            str(workdir / "record"),
+        ],
         cwd=workdir,
         env=env,
         capture_output=True,
@@ -340,6 +358,6 @@ def test_average_gradients_follows_ddps_missing_gradient_rule(tmp_path):
         )
         for rank in (0, 1)
     ]
-    outputs = [process.communicate(timeout=120) for process in processes]
+    outputs = [process.communicate(timeout=300) for process in processes]
     assert [process.returncode for process in processes] == [0, 0], [err[-2000:] for _, err in outputs]
     assert [out.strip() for out, _ in outputs] == ["ok 0", "ok 1"]
