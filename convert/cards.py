@@ -56,7 +56,7 @@ def parameter_counts(config: dict, shapes: dict) -> tuple[int, int]:
         inactive = sum(sum(sizes.values()) - max(sizes.values()) for sizes in per_layer_experts.values())
         return total, total - inactive
     if config.get("model_type") == "moe_bert":
-        stacked = sum(_numel(s) for k, s in shapes.items() if (parse_moe_key(k) or (0, None))[1] is not None)
+        stacked = sum(_numel(s) for k, s in shapes.items() if (parsed := parse_moe_key(k)) and parsed[1])  # not routers
         unused = config["num_local_experts"] - config["num_experts_per_tok"]
         return total, total - stacked * unused // config["num_local_experts"]
     return total, total

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import re
 
+from moe_embed_cli import UsageError
+
 # model_type of a dense source -> the transformers class its exports are saved as
 DENSE_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
 
@@ -35,6 +37,7 @@ MOTE_EXPERT_PARTS = {
     "intermediate": "intermediate",
     "output": "output",
 }
+_MOTE_DENSE_PARTS = {inner: dense for dense, inner in MOTE_EXPERT_PARTS.items()}
 _DENSE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.(attention\.output\.LayerNorm|intermediate|output)\.(.+)$")
 _MOTE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.experts\.(\d+)\.([A-Za-z_]+)\.(.+)$")
 
@@ -73,16 +76,15 @@ def parse_mote_key(key: str) -> tuple[int, int, str] | None:
     """`(layer, expert, dense key)` for a MoTE expert key, else `None`.
 
     Raises:
-        ValueError: for an expert key whose part is not one of `MOTE_EXPERT_PARTS`.
+        UsageError: for an expert key whose part is not one of `MOTE_EXPERT_PARTS` (a foreign checkpoint).
     """
     match = _MOTE_EXPERT_KEY.match(key)
     if match is None:
         return None
     layer, expert, part, rest = match.groups()
-    dense_parts = {inner: dense for dense, inner in MOTE_EXPERT_PARTS.items()}
-    if part not in dense_parts:
-        raise ValueError(f"unexpected expert tensor {key}: expected parts {sorted(dense_parts)}")
-    return int(layer), int(expert), f"encoder.layer.{layer}.{dense_parts[part]}.{rest}"
+    if part not in _MOTE_DENSE_PARTS:
+        raise UsageError(f"unexpected expert tensor {key}: expected parts {sorted(_MOTE_DENSE_PARTS)}")
+    return int(layer), int(expert), f"encoder.layer.{layer}.{_MOTE_DENSE_PARTS[part]}.{rest}"
 
 
 def moe_stacked_key(dense_key: str) -> tuple[int, str] | None:
@@ -109,7 +111,7 @@ def parse_moe_key(key: str) -> tuple[int, str | None] | None:
     if match.group(3):
         return layer, None
     if match.group(2) not in MOE_DENSE:
-        raise ValueError(f"unexpected expert tensor {key}: expected {sorted(MOE_DENSE)}")
+        raise UsageError(f"unexpected expert tensor {key}: expected {sorted(MOE_DENSE)}")
     return layer, f"encoder.layer.{layer}.{MOE_DENSE[match.group(2)]}"
 
 

@@ -89,10 +89,7 @@ def merge_mote(state: dict, config: dict, experts: list[int], weights: list[floa
     """Dense BERT state dict: each expert layer's selected experts averaged with `weights`."""
     merged, groups = {}, {}
     for key, tensor in state.items():
-        try:
-            parsed = parse_mote_key(key)
-        except ValueError as error:
-            raise UsageError(str(error)) from None
+        parsed = parse_mote_key(key)
         if parsed is None:
             merged[key] = tensor
             continue
@@ -113,10 +110,7 @@ def merge_moe(state: dict, experts: list[int], layer_weights: dict[int, list[flo
     """Dense BERT state dict: each MoE layer's stacked experts averaged; routers dropped."""
     merged = {}
     for key, tensor in tqdm(state.items(), desc="averaging", unit="tensor"):
-        try:
-            parsed = parse_moe_key(key)
-        except ValueError as error:
-            raise UsageError(str(error)) from None
+        parsed = parse_moe_key(key)
         if parsed is None:
             merged[key] = tensor
         elif parsed[1] is not None:  # stacked expert parameter (E, ...); routers have no dense counterpart
