@@ -177,9 +177,10 @@ class MoteBertModel(MoteBertPreTrainedModel):
             config = copy.deepcopy(config)
             if active_tasks is not None:
                 config.active_tasks = list(active_tasks)
-            config.active_tasks = [config.tasks[i] for i in active_expert_indices(config)]
-        super().__init__(config)
         active = active_expert_indices(config)
+        if config.active_tasks is not None:
+            config.active_tasks = [config.tasks[i] for i in active]
+        super().__init__(config)
         self.build_encoder(MoteBertLayer, config.expert_layers)
         inactive = sorted(set(range(config.num_tasks)) - set(active))
         if inactive:  # their tensors in a checkpoint are expected and left unread
