@@ -9,7 +9,11 @@ from pathlib import Path
 from convert.checkpoint import HUB_CARDS_DIR, read_json
 from convert.layout import parse_moe_key, parse_mote_key
 
-TEMPLATES = {"mote_bert": "mote.md", "moe_bert": "moe.md"}  # anything else: a dense export, dense.md
+TEMPLATES = {
+    "mote_bert": "mote.md",
+    "moe_bert": "moe.md",
+    "comoe_bert": "comoe.md",
+}  # anything else: a dense export, dense.md
 PLACEHOLDER_OWNER = "your-name"
 
 
@@ -59,6 +63,10 @@ def parameter_counts(config: dict, shapes: dict) -> tuple[int, int]:
         stacked = sum(_numel(s) for k, s in shapes.items() if (parsed := parse_moe_key(k)) and parsed[1])  # not routers
         unused = config["num_local_experts"] - config["num_experts_per_tok"]
         return total, total - stacked * unused // config["num_local_experts"]
+    if config.get("model_type") == "comoe_bert":  # LoRA experts: only top-k of E are used per token
+        experts = sum(_numel(s) for k, s in shapes.items() if k.endswith((".lora_A", ".lora_B")))
+        unused = config["num_local_experts"] - config["num_experts_per_tok"]
+        return total, total - experts * unused // config["num_local_experts"]
     return total, total
 
 
@@ -89,10 +97,16 @@ def build_card(
     st_config = read_json(folder / "config_sentence_transformers.json")
     prompts = st_config.get("prompts") or {}
     model_type = config.get("model_type")
-    total, active = parameter_counts(config, weight_shapes(folder))
+    shapes = weight_shapes(folder)
+    total, active = parameter_counts(config, shapes)
+    adapter_only = (folder / "adapter_config.json").is_file()  # an adapter-only CoMoE folder
     if base_is_hub_id is None:
         base_is_hub_id = bool(base_model) and not Path(base_model).exists() and "/" in base_model
-    kind_tags = {"mote_bert": ["mixture-of-experts", "mote"], "moe_bert": ["mixture-of-experts", "moe"]}
+    kind_tags = {
+        "mote_bert": ["mixture-of-experts", "mote"],
+        "moe_bert": ["mixture-of-experts", "moe"],
+        "comoe_bert": ["mixture-of-experts", "comoe", "lora", "peft"],
+    }
     card_data = ModelCardData(
         library_name="sentence-transformers",
         pipeline_tag="sentence-similarity",
@@ -133,6 +147,8 @@ def build_card(
             }
             for t in config.get("tasks") or []
         ],
+        adapter_only=adapter_only,
+        adapter_params=f"{total / 1e6:.2f}M",
         total_params=f"{total / 1e6:.1f}M",
         active_params=f"{active / 1e6:.1f}M",
     )

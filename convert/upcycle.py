@@ -3,10 +3,11 @@
     python convert/upcycle.py                                  # bundled all-MiniLM-L6-v2 -> models/mote-minilm
     python convert/upcycle.py --base sentence-transformers/all-mpnet-base-v2 --expert-layers all
     python convert/upcycle.py --arch moe --num-experts 8 --experts-per-token 2   # -> models/moe-minilm
+    python convert/upcycle.py --arch comoe --num-experts 4 --experts-per-token 2 --rank 16 --lora-alpha 32
 
-Every expert starts as a copy of the dense layer it replaces. A MoTE model, and a token-routed MoE
-with renormalised top-k weights and no expert noise, then compute the dense model's function; the
-converter checks that before writing. The output folder loads with
+Every expert starts as a copy of the dense layer it replaces (CoMoE: a LoRA expert with B = 0). A
+MoTE model, a CoMoE model, and a token-routed MoE with renormalised top-k weights and no expert
+noise then compute the dense model's function; the converter checks that before writing. The output folder loads with
 `AutoModel.from_pretrained(..., trust_remote_code=True)` and `SentenceTransformer(..., trust_remote_code=True)`.
 """
 
@@ -42,8 +43,10 @@ from convert.checkpoint import (
     write_sentence_transformers_files,
 )
 from convert.layout import moe_router_key, moe_stacked_key, mote_expert_key, mote_key
+from modeling.configuration_comoe import CoMoeBertConfig
 from modeling.configuration_moe import MoeBertConfig
 from modeling.configuration_mote import DEFAULT_TASK_PREFIXES, MoteBertConfig
+from modeling.modeling_comoe import CoMoeBertModel
 from modeling.modeling_moe import MoeBertModel
 from modeling.modeling_mote import MoteBertModel
 from moe_embed_cli import UsageError, run_cli
@@ -191,11 +194,11 @@ def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycle
     config = _config(
         MoeBertConfig,
         **encoder_config_kwargs(dense_config, dense_state),
-        num_local_experts=args.num_experts,
-        num_experts_per_tok=args.experts_per_token,
+        num_local_experts=arch_default(args, "num_experts"),
+        num_experts_per_tok=arch_default(args, "experts_per_token"),
         moe_layers=args.moe_layers,
         norm_topk_prob=args.norm_topk_prob,
-        router_aux_loss_coef=args.router_aux_loss_coef,
+        router_aux_loss_coef=arch_default(args, "router_aux_loss_coef"),
         router_z_loss_coef=args.router_z_loss_coef,
         router_jitter_noise=args.router_jitter_noise,
     )
@@ -217,6 +220,45 @@ def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycle
         st_module="st_moe.MoeTransformer",
         prompts=with_passage(parse_task_prefixes(args.tasks)),
         exact=config.norm_topk_prob and args.expert_noise == 0,
+    )
+
+
+def build_comoe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
+    """CoMoE-PEFT: the dense weights unchanged (frozen), LoRA experts with B = 0 and routers added."""
+    config = _config(
+        CoMoeBertConfig,
+        **encoder_config_kwargs(dense_config, dense_state),
+        num_local_experts=arch_default(args, "num_experts"),
+        num_experts_per_tok=arch_default(args, "experts_per_token"),
+        lora_rank=args.rank,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        target_modules=args.target_modules,
+        adapter_layers=args.layers,
+        contrastive_loss_coef=args.contrastive_loss_coef,
+        contrastive_tau=args.contrastive_tau,
+        router_aux_loss_coef=arch_default(args, "router_aux_loss_coef"),
+        base_model_name_or_path=args.base_model_name_or_path,
+    )
+    generator = torch.Generator().manual_seed(args.seed)
+    adapters = {}
+    for name in config.adapted_linears():
+        weight = dense_state.get(f"{name}.weight")
+        if weight is None:
+            raise UsageError(f"the dense checkpoint has no {name}.weight to put LoRA experts on")
+        out_features, in_features = weight.shape
+        experts, rank = config.num_local_experts, config.lora_rank
+        bound = 1.0 / in_features**0.5  # peft's (nn.Linear's) init of lora_A
+        adapters[f"{name}.lora_A"] = (torch.rand(experts, rank, in_features, generator=generator) * 2 - 1) * bound
+        adapters[f"{name}.lora_B"] = torch.zeros(experts, out_features, rank)
+        adapters[f"{name}.router.weight"] = config.initializer_range * torch.randn(
+            experts, in_features, generator=generator
+        )
+    model = fill_model(CoMoeBertModel, config, dense_state, lambda key, tensor: [(key, tensor)], adapters)
+    return Upcycled(
+        model=model,
+        st_module="st_moe.MoeTransformer",
+        prompts=with_passage(parse_task_prefixes(args.tasks)),
     )
 
 
@@ -264,36 +306,54 @@ def verify_against_dense(model, tokenizer, source: Path, dense_state: dict, prom
     return worst
 
 
-BUILDERS = {"mote": build_mote, "moe": build_moe}
+BUILDERS = {"mote": build_mote, "moe": build_moe, "comoe": build_comoe}
+# option -> the architectures it applies to
 ARCH_OPTIONS = {
-    "mote": ("expert_layers", "default_task"),
-    "moe": (
-        "num_experts",
-        "experts_per_token",
-        "moe_layers",
-        "norm_topk_prob",
-        "router_init",
-        "expert_noise",
-        "router_aux_loss_coef",
-        "router_z_loss_coef",
-        "router_jitter_noise",
-        "seed",
-    ),
+    "expert_layers": ("mote",),
+    "default_task": ("mote",),
+    "num_experts": ("moe", "comoe"),
+    "experts_per_token": ("moe", "comoe"),
+    "router_aux_loss_coef": ("moe", "comoe"),
+    "seed": ("moe", "comoe"),
+    "moe_layers": ("moe",),
+    "norm_topk_prob": ("moe",),
+    "router_init": ("moe",),
+    "expert_noise": ("moe",),
+    "router_z_loss_coef": ("moe",),
+    "router_jitter_noise": ("moe",),
+    "rank": ("comoe",),
+    "lora_alpha": ("comoe",),
+    "lora_dropout": ("comoe",),
+    "target_modules": ("comoe",),
+    "layers": ("comoe",),
+    "contrastive_loss_coef": ("comoe",),
+    "contrastive_tau": ("comoe",),
 }
+# defaults of options shared by architectures that differ between them (the papers' settings)
+ARCH_DEFAULTS = {
+    "num_experts": {"moe": 8, "comoe": 4},
+    "experts_per_token": {"moe": 2, "comoe": 2},
+    "router_aux_loss_coef": {"moe": 1.0, "comoe": 0.0},
+}
+
+
+def arch_default(args, option: str):
+    """The value of a shared option: as given, else the default of `args.arch`."""
+    value = getattr(args, option)
+    return ARCH_DEFAULTS[option][args.arch] if value is None else value
 
 
 def refuse_flags_of_other_architectures(args) -> None:
     """Options of another --arch are an error, not silently ignored."""
     defaults = vars(build_parser().parse_args([]))
-    for arch, options in ARCH_OPTIONS.items():
-        if arch == args.arch:
-            continue
-        given = [f"--{o.replace('_', '-')}" for o in options if getattr(args, o) != defaults[o]]
-        if given:
-            raise UsageError(f"{', '.join(given)} only apply to --arch {arch} (this run is --arch {args.arch})")
+    given = [o for o, archs in ARCH_OPTIONS.items() if args.arch not in archs and getattr(args, o) != defaults[o]]
+    if given:
+        names = ", ".join(f"--{o.replace('_', '-')}" for o in given)
+        archs = sorted({a for o in given for a in ARCH_OPTIONS[o]})
+        raise UsageError(f"{names} only apply to --arch {'/'.join(archs)} (this run is --arch {args.arch})")
 
 
-DEFAULT_OUTPUTS = {"mote": "models/mote-minilm", "moe": "models/moe-minilm"}
+DEFAULT_OUTPUTS = {"mote": "models/mote-minilm", "moe": "models/moe-minilm", "comoe": "models/comoe-minilm"}
 
 
 def upcycle(args) -> Path:
@@ -310,6 +370,8 @@ def upcycle(args) -> Path:
     logger.info("reading dense checkpoint %s", source)
     dense_config, dense_state = read_dense_checkpoint(source)
     tokenizer = load_tokenizer(source)
+    # what an adapter-only CoMoE folder loads its base from: the Hub id, or this local folder
+    args.base_model_name_or_path = base_name if args.base and not local_base else str(source.resolve())
     upcycled = BUILDERS[args.arch](args, dense_config, dense_state, tokenizer)
     if args.no_verify:
         logger.info("skipping the check against the dense model (--no-verify)")
@@ -355,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=sorted(BUILDERS),
         default="mote",
         help="mote: one expert per task, routed per sequence by the instruction; "
-        "moe: token-routed top-k experts (Nomic Embed v2)",
+        "moe: token-routed top-k experts (Nomic Embed v2); "
+        "comoe: top-k routed LoRA experts on a frozen encoder (CoMoE-PEFT)",
     )
     parser.add_argument(
         "--base",
@@ -363,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="local folder or Hub id of the dense checkpoint (default: the bundled all-MiniLM-L6-v2)",
     )
     parser.add_argument(
-        "--output", default=None, help="folder to write (default: models/mote-minilm or models/moe-minilm)"
+        "--output", default=None, help="folder to write (default: models/mote-minilm, moe-minilm or comoe-minilm)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     parser.add_argument(
@@ -385,9 +448,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="task for inputs that name none and carry no prefix (default: such inputs are an error)",
     )
+    shared = parser.add_argument_group("moe and comoe")
+    shared.add_argument(
+        "--num-experts", type=int, default=None, help="experts per MoE layer / per CoMoE linear (default: 8 / 4)"
+    )
+    shared.add_argument(
+        "--experts-per-token", type=int, default=None, help="experts each token is routed to, top-k (default: 2)"
+    )
+    shared.add_argument(
+        "--router-aux-loss-coef",
+        type=float,
+        default=None,
+        help="load-balancing loss weight (default: 1 for moe as in Nomic Embed v2, 0 for comoe as in CoMoE)",
+    )
+    shared.add_argument("--seed", type=int, default=0, help="seed for the router and LoRA init and expert noise")
     moe = parser.add_argument_group("moe")
-    moe.add_argument("--num-experts", type=int, default=8, help="experts per MoE layer")
-    moe.add_argument("--experts-per-token", type=int, default=2, help="experts each token is routed to (top-k)")
     moe.add_argument(
         "--moe-layers",
         default="every_other",
@@ -410,10 +485,28 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="std of Gaussian noise added to each expert's weights to break symmetry",
     )
-    moe.add_argument("--router-aux-loss-coef", type=float, default=1.0, help="load-balancing loss weight (paper: 1)")
     moe.add_argument("--router-z-loss-coef", type=float, default=0.0, help="router z-loss weight")
     moe.add_argument("--router-jitter-noise", type=float, default=0.0, help="router input jitter in training")
-    moe.add_argument("--seed", type=int, default=0, help="seed for the router init and expert noise")
+    comoe = parser.add_argument_group("comoe")
+    comoe.add_argument("--rank", type=int, default=16, help="LoRA rank r of every expert")
+    comoe.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha (experts are scaled by alpha / r)")
+    comoe.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on the experts' input in training")
+    comoe.add_argument(
+        "--target-modules",
+        default="query,key,value,attention.output.dense",
+        help="linears that get experts, matched as peft's target_modules "
+        "(query, key, value, attention.output.dense, intermediate.dense, output.dense)",
+    )
+    comoe.add_argument(
+        "--layers", default="all", help="layers whose target linears get experts: all, every_other or indices"
+    )
+    comoe.add_argument(
+        "--contrastive-loss-coef",
+        type=float,
+        default=0.01,
+        help="weight λ of the contrastive expert loss (0: MoE-LoRA)",
+    )
+    comoe.add_argument("--contrastive-tau", type=float, default=0.07, help="temperature of the contrastive expert loss")
     parser.add_argument(
         "--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved weights"
     )

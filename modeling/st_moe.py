@@ -1,18 +1,42 @@
-"""Sentence-Transformers input module for token-routed MoE models.
+"""Sentence-Transformers input module for models with an auxiliary training loss: the token-routed
+MoE (load balancing, z-loss) and CoMoE (contrastive expert loss, optional load balancing).
 
-sentence-transformers' `Transformer` plus one feature: the model's auxiliary loss (load balancing
-and z-loss) is kept in the features as `aux_loss`, so that a training loss can add it (see
-`training.losses.RouterAuxLoss`). Saved at the root of the model folder and named in
-`modules.json` as `st_moe.MoeTransformer`, so it needs `trust_remote_code=True`.
+sentence-transformers' `Transformer` plus two things: the model's auxiliary loss is kept in the
+features as `aux_loss`, so that a training loss can add it (see `training.losses.RouterAuxLoss`);
+and a CoMoE adapter-only folder (whose `adapter_config.json` is not one peft can read) loads through
+the model's own `from_pretrained`, which fetches the base model it names. Saved at the root of the
+model folder and named in `modules.json` as `st_moe.MoeTransformer`, so it needs `trust_remote_code=True`.
 """
 
+import json
 import threading
 
 from sentence_transformers.models import Transformer
+from transformers import AutoConfig
+from transformers.utils import cached_file
 
 
 class MoeTransformer(Transformer):
-    """`Transformer` that also returns the MoE model's auxiliary loss as `features["aux_loss"]`."""
+    """`Transformer` that also returns the model's auxiliary loss as `features["aux_loss"]`."""
+
+    def _load_config(self, model_name_or_path: str, backend: str, config_kwargs: dict):
+        """`Transformer._load_config`, except that a CoMoE adapter folder is not taken for a peft one:
+        its `config.json` is the model's config and the model loads its base itself."""
+        hub_kwargs = {
+            k: config_kwargs[k] for k in ("cache_dir", "token", "revision", "local_files_only") if k in config_kwargs
+        }
+        found = cached_file(
+            model_name_or_path,
+            "adapter_config.json",
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+            **hub_kwargs,
+        )
+        if found:
+            with open(found, encoding="utf-8") as handle:
+                if json.load(handle).get("peft_type") == "COMOE":
+                    return AutoConfig.from_pretrained(model_name_or_path, **config_kwargs), False
+        return super()._load_config(model_name_or_path, backend, config_kwargs)
 
     def forward(self, features: dict, **kwargs) -> dict:
         """`Transformer.forward` (its dispatch and keyword filtering unchanged), plus `aux_loss`.

@@ -83,6 +83,16 @@ def moe_dir(tmp_path_factory, dense_path) -> str:
 
 
 @pytest.fixture(scope="session")
+def comoe_dir(tmp_path_factory, dense_path) -> str:
+    """The bundled MiniLM upcycled to CoMoE with the paper's settings (4 experts, top-2, r 16, q/k/v/o)."""
+    from convert.upcycle import main
+
+    out = tmp_path_factory.mktemp("models") / "comoe-minilm"
+    main(["--arch", "comoe", "--output", str(out)])
+    return str(out)
+
+
+@pytest.fixture(scope="session")
 def dense_model(dense_path):
     from transformers import AutoModel
 
@@ -144,6 +154,36 @@ def tiny_moe_config(**overrides):
     )
     kwargs.update(overrides)
     return MoeBertConfig(**kwargs)
+
+
+def tiny_comoe_config(**overrides):
+    """A small random CoMoE config (no dropout, so train and eval forward passes compare)."""
+    from modeling.configuration_comoe import CoMoeBertConfig
+
+    kwargs = dict(
+        vocab_size=1000,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        lora_dropout=0.0,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        lora_rank=4,
+    )
+    kwargs.update(overrides)
+    return CoMoeBertConfig(**kwargs)
+
+
+def randomize_lora_b(model, seed: int = 0, std: float = 0.05) -> None:
+    """Give every LoRA expert a random `B` (as after training), so that experts change the outputs."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".lora_B"):
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
 def randomize_experts(model, seed: int = 0) -> None:

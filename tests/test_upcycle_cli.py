@@ -146,7 +146,7 @@ def _copy_source(dense_path: str, target: Path) -> Path:
         ("activation", "Unknown hidden_act 'swishy'"),
         ("output-is-source", "overlaps the input"),
         ("output-inside-source", "overlaps the input"),
-        ("other-arch-flag", "--num-experts only apply to --arch moe"),
+        ("other-arch-flag", "--num-experts only apply to --arch comoe/moe"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage, message):

@@ -1,0 +1,94 @@
+"""Write the adapter-only form of a CoMoE folder: its LoRA experts and routers (a few MB) with the
+code, tokenizer and Sentence-Transformers files, naming the base model to load the rest from.
+
+    python convert/extract_adapter.py models/comoe-tacl --output models/comoe-tacl-adapter
+    python convert/extract_adapter.py models/comoe-tacl --output out --base sentence-transformers/all-MiniLM-L6-v2
+
+The folder holds `adapter_config.json` (peft's file name and field names where they exist, with
+`base_model_name_or_path`) and `adapter_model.safetensors`. `AutoModel.from_pretrained(OUT,
+trust_remote_code=True)` and `SentenceTransformer(OUT, trust_remote_code=True)` load it by fetching
+the base, which must have the adapter's shapes. The input folder is not modified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python convert/extract_adapter.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
+from convert.checkpoint import atomic_output_dir, read_json, refuse_overlap
+from moe_embed_cli import UsageError, run_cli
+
+logger = logging.getLogger("extract_adapter")
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+
+
+def extract_adapter(folder: Path, output: Path, base: str | None = None, overwrite: bool = False) -> Path:
+    """Write the adapter-only folder of the CoMoE folder `folder` to `output`; returns `output`."""
+    from modeling.modeling_comoe import CoMoeBertModel
+
+    folder, output = Path(folder), Path(output)
+    config = read_json(folder / "config.json")
+    if config.get("model_type") != "comoe_bert":
+        raise UsageError(
+            f"{folder} holds model_type={config.get('model_type')!r}; expected a CoMoE folder (comoe_bert)"
+        )
+    if (folder / "adapter_config.json").exists():
+        raise UsageError(f"{folder} is already an adapter-only folder")
+    refuse_overlap(folder, output)
+    if output.exists() and not overwrite:
+        raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
+    base = base or config.get("base_model_name_or_path")
+    if not base:
+        raise UsageError(f"{folder}/config.json names no base_model_name_or_path; pass --base HUB_ID_OR_FOLDER")
+    if Path(base).is_dir():
+        base = str(Path(base).resolve())
+    model = CoMoeBertModel.from_pretrained(str(folder))
+    with atomic_output_dir(output, overwrite) as tmp:
+        for path in folder.iterdir():
+            if path.name in WEIGHT_FILES or path.name.startswith(("model-", ".")) or path.name == "README.md":
+                continue
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, tmp / path.name)
+        model.save_pretrained(tmp, adapter_only=True, base_model_name_or_path=base)
+        render_card(
+            tmp,
+            f"{PLACEHOLDER_OWNER}/{output.name}",
+            base_model=base,
+            base_is_hub_id=not Path(base).is_dir(),
+            license_id=source_license(folder),
+        )
+    size = (output / "adapter_model.safetensors").stat().st_size
+    logger.info("wrote %s (adapters, %.1f MB; base %s)", output, size / 1e6, base)
+    return output
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Write the adapter-only form (adapter_config.json + adapter_model.safetensors) of a CoMoE folder.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("model_dir", help="full CoMoE folder (comoe_bert), e.g. from upcycle.py or training")
+    parser.add_argument("--output", required=True, help="folder to write")
+    parser.add_argument(
+        "--base",
+        default=None,
+        help="base model the adapter names: a Hub id or a local folder (default: the folder's base_model_name_or_path)",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> Path:
+    args = build_parser().parse_args(argv)
+    return extract_adapter(Path(args.model_dir), Path(args.output), args.base, args.overwrite)
+
+
+if __name__ == "__main__":
+    run_cli(main)
