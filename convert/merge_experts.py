@@ -1,14 +1,19 @@
-"""Merge the experts of a MoTE or token-routed MoE folder into a plain dense transformers model.
+"""Merge the experts of a MoTE, token-routed MoE or CoMoE folder into a plain dense transformers model.
 
     python convert/merge_experts.py models/mote-minilm --output models/minilm-ea              # Expert Averaging
     python convert/merge_experts.py models/mote-minilm --task query --output models/minilm-query
     python convert/merge_experts.py models/mote-minilm --experts clustering,document --output models/minilm-cd
     python convert/merge_experts.py models/moe-minilm --calibration texts.txt --output models/minilm-moe-ea
+    python convert/merge_experts.py models/comoe-tacl --calibration texts.txt --output models/minilm-comoe-merged
 
 Expert Averaging (MoTE paper, v1 section 3.3): every expert layer's experts are averaged, the two
 LayerNorms included, into one feed-forward block, giving a model with the dense architecture and
 memory. `--task` exports one task's experts unchanged: a MoTE model used for one task is a dense
-model. The output is a `bert` / `roberta` / `xlm-roberta` folder (like the checkpoint the model
+model. A CoMoE folder (full or adapter-only) has its LoRA experts folded into the frozen linears,
+`W + Σ_i w_i · (alpha / r) · B_i A_i`, with `w_i` each expert's mean routing weight on the
+calibration texts (uniform without them); routing depends on the input, so this approximates the
+CoMoE model, and the mean cosine between both models' embeddings of the calibration texts is
+printed. The output is a `bert` / `roberta` / `xlm-roberta` folder (like the checkpoint the model
 was upcycled from) with the Sentence-Transformers files and prompts, loadable without remote code.
 """
 
@@ -119,16 +124,10 @@ def merge_moe(state: dict, experts: list[int], layer_weights: dict[int, list[flo
     return merged
 
 
-def router_usage(folder: Path, calibration: Path, experts: list[int], batch_size: int = 32) -> dict[int, list[float]]:
+def router_usage(folder: Path, texts: list[str], experts: list[int], batch_size: int = 32) -> dict[int, list[float]]:
     """Per MoE layer, the share of routing slots each selected expert receives on the calibration texts."""
     from modeling.modeling_moe import MoeBertModel
 
-    try:
-        texts = [line.strip() for line in calibration.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except OSError as error:
-        raise UsageError(f"cannot read --calibration {calibration}: {error.strerror}") from None
-    if not texts:
-        raise UsageError(f"--calibration {calibration} holds no text (one text per line expected)")
     tokenizer = load_tokenizer(folder, trust_remote_code=True)
     model = MoeBertModel.from_pretrained(str(folder), experts_implementation="eager").eval()
     counts = {layer: torch.zeros(model.config.num_local_experts) for layer in model.config.moe_layers}
@@ -147,6 +146,58 @@ def router_usage(folder: Path, calibration: Path, experts: list[int], batch_size
         usage[layer] = (selected / selected.sum()).tolist()
         logger.info("layer %d router usage of experts %s: %s", layer, experts, [round(u, 3) for u in usage[layer]])
     return usage
+
+
+def read_calibration(calibration: Path) -> list[str]:
+    """The calibration texts, one per line."""
+    try:
+        texts = [line.strip() for line in calibration.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except OSError as error:
+        raise UsageError(f"cannot read --calibration {calibration}: {error.strerror}") from None
+    if not texts:
+        raise UsageError(f"--calibration {calibration} holds no text (one text per line expected)")
+    return texts
+
+
+def comoe_routing_weights(model, tokenizer, texts: list[str], batch_size: int = 32) -> torch.Tensor:
+    """`(CoMoE linears, E)`: each expert's mean routing weight over the non-padding tokens of `texts`."""
+    from modeling.modeling_comoe import top_k_gates
+
+    config = model.config
+    totals = torch.zeros(len(config.adapted_linears()), config.num_local_experts, dtype=torch.float64)
+    with torch.no_grad():
+        for start in tqdm(range(0, len(texts), batch_size), desc="calibration", unit="batch"):
+            batch = tokenizer(texts[start : start + batch_size], padding=True, truncation=True, return_tensors="pt")
+            out = model(**batch, output_router_logits=True)
+            for row, logits in enumerate(out.router_logits):
+                weights, index = top_k_gates(logits, config.num_experts_per_tok)
+                totals[row].index_add_(0, index.reshape(-1), weights.reshape(-1).double())
+    return totals / totals.sum(dim=1, keepdim=True)
+
+
+def merge_comoe(model, weights: torch.Tensor) -> dict:
+    """Dense BERT state dict: every CoMoE linear's weight plus `Σ_i weights[l, i] · (alpha/r) · B_i A_i`
+    (float64), routers and experts dropped."""
+    from modeling.modeling_comoe import is_adapter_key
+
+    state = {k: v for k, v in model.state_dict().items() if not is_adapter_key(k)}
+    scaling = model.config.lora_scaling
+    for row, name in enumerate(model.config.adapted_linears()):
+        linear = model.get_submodule(name)
+        delta = torch.einsum("e,eor,eri->oi", weights[row].double(), linear.lora_B.double(), linear.lora_A.double())
+        state[f"{name}.weight"] = (linear.weight.double() + scaling * delta).to(linear.weight.dtype)
+    return state
+
+
+def mean_cosine(folder: Path, merged: Path, texts: list[str]) -> float:
+    """Mean cosine between the embeddings of `texts` by the expert folder and by the merged folder."""
+    from sentence_transformers import SentenceTransformer
+
+    original = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
+    dense = SentenceTransformer(str(merged), device="cpu")
+    a = original.encode(texts, convert_to_tensor=True, normalize_embeddings=True)
+    b = dense.encode(texts, convert_to_tensor=True, normalize_embeddings=True)
+    return (a * b).sum(dim=1).mean().item()
 
 
 def dense_config(config: dict) -> transformers.PretrainedConfig:  # noqa: F821
@@ -178,10 +229,10 @@ def merge(args) -> Path:
         raise UsageError(f"{folder} is not a model folder (no config.json)")
     config = read_json(folder / "config.json")
     model_type = config.get("model_type")
-    if model_type not in ("mote_bert", "moe_bert"):
+    if model_type not in ("mote_bert", "moe_bert", "comoe_bert"):
         raise UsageError(
-            f"{folder} holds model_type={model_type!r}; expected a MoTE (mote_bert) or token-routed MoE "
-            "(moe_bert) folder"
+            f"{folder} holds model_type={model_type!r}; expected a MoTE (mote_bert), token-routed MoE "
+            "(moe_bert) or CoMoE (comoe_bert) folder"
         )
     output = Path(args.output)
     refuse_overlap(folder, output)
@@ -196,7 +247,28 @@ def merge(args) -> Path:
     st_prompts = read_json(folder / "config_sentence_transformers.json").get("prompts", {})
     default_prompt = None
 
-    state = read_state_dict(folder)
+    calibration_texts = read_calibration(Path(args.calibration)) if args.calibration else None
+    if model_type == "comoe_bert":
+        from modeling.modeling_comoe import CoMoeBertModel
+
+        if args.task or args.experts:
+            raise UsageError("--task and --experts do not apply to CoMoE: every expert is folded in, weighted")
+        comoe = CoMoeBertModel.from_pretrained(str(folder)).eval()  # full or adapter-only folder
+        num_experts = comoe.config.num_local_experts
+        if calibration_texts:
+            shares = comoe_routing_weights(comoe, load_tokenizer(folder, trust_remote_code=True), calibration_texts)
+        else:
+            uniform = torch.tensor(normalised_weights(num_experts, weights), dtype=torch.float64)
+            shares = uniform.expand(len(comoe.config.adapted_linears()), -1)
+        logger.info("expert weights per CoMoE linear (mean over linears): %s", shares.mean(0).tolist())
+        merged = merge_comoe(comoe, shares)
+        provenance = (
+            "The CoMoE LoRA experts folded into the base weights, each weighted by its "
+            + ("mean routing weight on calibration texts" if calibration_texts else "share given (uniform by default)")
+            + ". Routing depends on the input, so this dense model approximates the CoMoE model."
+        )
+    else:
+        state = read_state_dict(folder)
     if model_type == "mote_bert":
         if args.calibration:
             raise UsageError("--calibration weights experts by router usage; MoTE routes by task, use --weights")
@@ -220,7 +292,7 @@ def merge(args) -> Path:
         else:
             shares = ", ".join(f"{w:.3g}" for w in normalised_weights(len(experts), weights))
             provenance = f"Expert Averaging of the task experts {chosen} ({shares})."
-    else:
+    elif model_type == "moe_bert":
         if args.task:
             raise UsageError("--task applies to MoTE folders; a token-routed MoE has no task experts")
         num_experts = config["num_local_experts"]
@@ -230,8 +302,8 @@ def merge(args) -> Path:
             raise UsageError(f"--experts for a token-routed MoE takes expert indices 0..{num_experts - 1}") from None
         if any(not 0 <= e < num_experts for e in experts) or len(set(experts)) != len(experts):
             raise UsageError(f"--experts must be distinct indices in 0..{num_experts - 1}, got {experts}")
-        if args.calibration:
-            layer_weights = router_usage(folder, Path(args.calibration), experts)
+        if calibration_texts:
+            layer_weights = router_usage(folder, calibration_texts, experts)
         else:
             uniform = normalised_weights(len(experts), weights)
             layer_weights = {layer: uniform for layer in config["moe_layers"]}
@@ -275,6 +347,12 @@ def merge(args) -> Path:
             provenance=provenance,
         )
     logger.info("wrote %s (%s)", output, provenance)
+    if config.get("model_type") == "comoe_bert":
+        if calibration_texts:
+            cosine = mean_cosine(folder, output, calibration_texts[:512])
+            print(f"mean cosine between the CoMoE and the merged embeddings on the calibration texts: {cosine:.4f}")
+        else:
+            print("no --calibration texts: the merged model's agreement with the CoMoE model was not measured")
     return output
 
 
@@ -283,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Merge the experts of a MoTE or token-routed MoE folder into a plain dense transformers model.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("model_dir", help="MoTE (mote_bert) or token-routed MoE (moe_bert) model folder")
+    parser.add_argument("model_dir", help="MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder")
     parser.add_argument("--output", required=True, help="folder to write")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     parser.add_argument(
@@ -298,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--calibration",
         default=None,
-        help="MoE: text file, one text per line; weight each layer's experts by their router usage on it",
+        help="MoE / CoMoE: text file, one text per line; weight each layer's experts by their router usage on it",
     )
     parser.add_argument(
         "--dtype",

@@ -163,6 +163,13 @@ def contrastive_expert_loss(
     return loss.mean()
 
 
+def top_k_gates(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(weights, index)` of the top-k experts per token: the router's softmax, renormalised over the
+    chosen experts to sum to 1 (paper eq. 3). `router_logits` is `(tokens, E)`."""
+    weights, index = torch.topk(torch.softmax(router_logits, dim=-1), top_k, dim=-1)
+    return weights / weights.sum(dim=-1, keepdim=True), index
+
+
 class CoMoeRouter(nn.Module):
     """`Linear(in_features, num_experts, bias=False)`, computed in fp32 even under autocast."""
 
@@ -194,8 +201,7 @@ class CoMoeLinear(nn.Module):
     def route(self, tokens: torch.Tensor):
         """`(logits, weights, index)` for `(tokens, in)`: fp32 logits, top-k weights renormalised to sum to 1."""
         logits = self.router(tokens)
-        weights, index = torch.topk(torch.softmax(logits, dim=-1), self.top_k, dim=-1)
-        return logits, weights / weights.sum(dim=-1, keepdim=True), index
+        return (logits, *top_k_gates(logits, self.top_k))
 
     def expert_codes(self, tokens: torch.Tensor) -> torch.Tensor:
         """Every expert's rank-r code `A_i x` (dropout in training), `(tokens, E, r)`, in one matmul."""
@@ -555,6 +561,7 @@ __all__ = [
     "CoMoeModelOutput",
     "CoMoeRouting",
     "contrastive_expert_loss",
+    "top_k_gates",
     "expert_representations",
     "is_adapter_key",
 ]

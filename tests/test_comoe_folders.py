@@ -1,0 +1,191 @@
+"""CoMoE folders: the upcycled folder equals the dense model in a fresh process, the adapter-only
+folder loads its base and gives the full folder's outputs, and a wrong base is a clear error."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TEXTS, randomize_lora_b, run_isolated, run_main
+from safetensors.torch import load_file
+from sentence_transformers import SentenceTransformer
+
+from convert.extract_adapter import main as extract_main
+from convert.upcycle import main as upcycle_main
+from modeling.modeling_comoe import CoMoeBertModel
+
+COMPARE = """
+import json, sys, torch
+from transformers import AutoModel, AutoTokenizer
+from sentence_transformers import SentenceTransformer
+dense_dir, texts, folders = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
+tokenizer = AutoTokenizer.from_pretrained(dense_dir)
+batch = tokenizer(texts, padding=True, return_tensors="pt")
+mask = batch["attention_mask"].bool()
+result = {}
+for folder in [dense_dir, *folders]:
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    assert folder == dense_dir or model.__class__.__module__.startswith("transformers_modules")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state[mask]
+    st = SentenceTransformer(folder, trust_remote_code=True)
+    result[folder] = {"hidden": hidden.tolist(), "st": st.encode(texts).tolist(),
+                      "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
+print(json.dumps(result))
+"""
+
+
+@pytest.fixture(scope="module")
+def trained_folders(comoe_dir, dense_path, tmp_path_factory):
+    """A CoMoE folder whose experts differ (as after training), saved in full and adapter-only."""
+    root = tmp_path_factory.mktemp("comoe")
+    st = SentenceTransformer(comoe_dir, trust_remote_code=True)
+    randomize_lora_b(st[0].auto_model, seed=4)
+    full = root / "full"
+    st.save(str(full))
+    extract_main([str(full), "--output", str(root / "adapter"), "--base", dense_path])
+    return full, root / "adapter"
+
+
+@pytest.mark.slow
+def test_fresh_process_upcycled_equals_dense_and_adapter_equals_full(comoe_dir, dense_path, trained_folders):
+    full, adapter = trained_folders
+    out = run_isolated(COMPARE, dense_path, json.dumps(TEXTS), comoe_dir, str(full), str(adapter))
+    result = {k: {n: torch.tensor(v) if n != "trainable" else v for n, v in r.items()} for k, r in json.loads(out).items()}
+    dense, upcycled = result[dense_path], result[comoe_dir]
+    assert (upcycled["hidden"] - dense["hidden"]).abs().max() <= 1e-5
+    assert (upcycled["st"] - dense["st"]).abs().max() <= 1e-5
+    trained, from_adapter = result[str(full)], result[str(adapter)]
+    assert (trained["hidden"] - dense["hidden"]).abs().max() > 1e-2  # the experts now matter
+    assert torch.equal(from_adapter["hidden"], trained["hidden"])
+    assert torch.equal(from_adapter["st"], trained["st"])
+    assert from_adapter["trainable"] == trained["trainable"] == 1216512  # adapters only: 24 linears
+
+
+def test_upcycled_folder_layout(comoe_dir, dense_path):
+    folder = Path(comoe_dir)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "comoe_bert" and config["auto_map"]["AutoModel"] == "modeling_comoe.CoMoeBertModel"
+    assert (config["num_local_experts"], config["num_experts_per_tok"], config["lora_rank"]) == (4, 2, 16)
+    assert config["base_model_name_or_path"] == str(Path(dense_path).resolve())
+    weights = load_file(str(folder / "model.safetensors"))
+    dense = load_file(str(Path(dense_path) / "model.safetensors"))
+    assert weights["encoder.layer.2.attention.self.key.lora_A"].shape == (4, 16, 384)
+    assert torch.equal(weights["encoder.layer.2.attention.self.key.lora_B"], torch.zeros(4, 384, 16))
+    assert torch.equal(weights["encoder.layer.2.attention.self.key.weight"], dense["encoder.layer.2.attention.self.key.weight"])
+    a = weights["encoder.layer.0.attention.self.query.lora_A"]
+    assert not torch.equal(a[0], a[1])  # experts start different
+    card = (folder / "README.md").read_text()
+    assert "CoMoE-PEFT" in card and "Untrained" in card
+
+
+def test_adapter_folder_holds_only_adapters(trained_folders, dense_path):
+    full, adapter = trained_folders
+    assert not (adapter / "model.safetensors").exists()
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    assert all(k.startswith("base_model.model.encoder.layer.") for k in tensors)
+    assert all(k.endswith((".lora_A", ".lora_B", ".router.weight")) for k in tensors)
+    assert len(tensors) == 6 * 4 * 3
+    assert (adapter / "adapter_model.safetensors").stat().st_size < 6e6
+    settings = json.loads((adapter / "adapter_config.json").read_text())
+    assert settings["base_model_name_or_path"] == str(Path(dense_path).resolve())
+    assert (settings["r"], settings["lora_alpha"], settings["num_experts"]) == (16, 32.0, 4)
+    assert "Adapter-only folder" in (adapter / "README.md").read_text()
+    for name in ("modules.json", "st_moe.py", "tokenizer.json", "modeling_comoe.py"):
+        assert (adapter / name).exists(), name
+
+
+def _tiny_dense_base(folder: Path, hidden: int) -> Path:
+    """A dense BERT config of another shape with unreadable weights: only its config may be read."""
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=hidden, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64).save_pretrained(
+        folder
+    )
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    return folder
+
+
+def _edited_adapter(adapter: Path, target: Path, edit) -> Path:
+    import shutil
+
+    shutil.copytree(adapter, target)
+    edit(target)
+    return target
+
+
+def test_wrong_or_missing_base_is_a_clear_error_before_weights_are_read(trained_folders, tmp_path):
+    _, adapter = trained_folders
+
+    def set_base(base):
+        def edit(folder):
+            settings = json.loads((folder / "adapter_config.json").read_text())
+            settings["base_model_name_or_path"] = base
+            (folder / "adapter_config.json").write_text(json.dumps(settings))
+
+        return edit
+
+    missing = _edited_adapter(adapter, tmp_path / "missing", set_base(str(tmp_path / "no-such-base")))
+    with pytest.raises(ValueError, match="cannot find the base model .*no-such-base"):
+        CoMoeBertModel.from_pretrained(str(missing))
+
+    other = _tiny_dense_base(tmp_path / "other-base", hidden=64)
+    mismatched = _edited_adapter(adapter, tmp_path / "mismatched", set_base(str(other)))
+    with pytest.raises(ValueError, match=r"does not fit the adapter.*hidden_size 384 \(adapter\) vs 64 \(base\)"):
+        CoMoeBertModel.from_pretrained(str(mismatched))
+
+    def other_targets(folder):
+        settings = json.loads((folder / "adapter_config.json").read_text())
+        settings["target_modules"] = ["attention.self.query"]
+        (folder / "adapter_config.json").write_text(json.dumps(settings))
+
+    edited = _edited_adapter(adapter, tmp_path / "targets", other_targets)
+    with pytest.raises(ValueError, match="disagrees with its config.json on .*target_modules"):
+        CoMoeBertModel.from_pretrained(str(edited))
+
+
+def test_adapter_weights_of_other_target_modules_are_refused(trained_folders, tmp_path):
+    from safetensors.torch import save_file
+
+    _, adapter = trained_folders
+
+    def drop_value_experts(folder):
+        path = folder / "adapter_model.safetensors"
+        tensors = {k: v for k, v in load_file(str(path)).items() if ".value." not in k}
+        save_file(tensors, str(path))
+
+    edited = _edited_adapter(adapter, tmp_path / "fewer", drop_value_experts)
+    with pytest.raises(ValueError, match="does not hold this model's adapters.*missing .*value"):
+        CoMoeBertModel.from_pretrained(str(edited))
+
+
+def test_extract_adapter_bad_input(trained_folders, comoe_dir, mote_dir, tmp_path, capsys):
+    full, adapter = trained_folders
+    code, err = run_main(extract_main, mote_dir, "--output", str(tmp_path / "a"), capsys=capsys)
+    assert code == 2 and "expected a CoMoE folder (comoe_bert)" in err
+    code, err = run_main(extract_main, str(adapter), "--output", str(tmp_path / "b"), capsys=capsys)
+    assert code == 2 and "already an adapter-only folder" in err
+    code, err = run_main(extract_main, str(full), "--output", str(adapter), capsys=capsys)
+    assert code == 2 and "already exists; pass --overwrite" in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--experts-per-token", "5"], "num_experts_per_tok` (5) must lie in 1..num_local_experts (4)"),
+        (["--rank", "0"], "`lora_rank` must be a positive integer, got 0"),
+        (["--target-modules", "query,ffn"], "unknown target module 'ffn'"),
+        (["--layers", "9"], "adapter_layers` holds layer indices [9] out of range"),
+        (["--expert-layers", "all"], "--expert-layers only apply to --arch mote"),
+        (["--moe-layers", "all"], "--moe-layers only apply to --arch moe"),
+    ],
+)
+def test_upcycle_comoe_bad_options(tmp_path, capsys, args, message):
+    code, err = run_main(upcycle_main, "--arch", "comoe", "--output", str(tmp_path / "out"), *args, capsys=capsys)
+    assert code == 2 and message in err.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists()
+
+
+def test_rank_option_of_another_arch_is_refused(tmp_path, capsys):
+    code, err = run_main(upcycle_main, "--arch", "moe", "--output", str(tmp_path / "o"), "--rank", "8", capsys=capsys)
+    assert code == 2 and "--rank only apply to --arch comoe" in err
