@@ -30,10 +30,42 @@ logger = logging.getLogger("extract_adapter")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
 
-def extract_adapter(folder: Path, output: Path, base: str | None = None, overwrite: bool = False) -> Path:
-    """Write the adapter-only folder of the CoMoE folder `folder` to `output`; returns `output`."""
+def write_adapter_folder(folder: Path, target: Path, base: str | None = None) -> None:
+    """Write the adapter-only form of the full CoMoE folder `folder` into the folder `target` (created
+    if missing): every file but the weights, then the adapters, `adapter_config.json` and a card."""
     from modeling.modeling_comoe import CoMoeBertModel
 
+    folder, target = Path(folder), Path(target)
+    config = read_json(folder / "config.json")
+    base = base or config.get("base_model_name_or_path")
+    if not base:
+        raise UsageError(f"{folder}/config.json names no base_model_name_or_path; pass --base HUB_ID_OR_FOLDER")
+    if Path(base).is_dir():
+        base = str(Path(base).resolve())
+    model = CoMoeBertModel.from_pretrained(str(folder))
+    target.mkdir(parents=True, exist_ok=True)
+    for path in folder.iterdir():
+        if path.name in WEIGHT_FILES or path.name.startswith(("model-", ".")) or path.name == "README.md":
+            continue
+        if path.is_dir():
+            shutil.copytree(path, target / path.name, dirs_exist_ok=True)
+        else:
+            shutil.copy2(path, target / path.name)
+    try:
+        model.save_pretrained(target, adapter_only=True, base_model_name_or_path=base)
+    except ValueError as error:  # e.g. the target already holds full weights
+        raise UsageError(str(error)) from None
+    render_card(
+        target,
+        f"{PLACEHOLDER_OWNER}/{target.name}",
+        base_model=base,
+        base_is_hub_id=not Path(base).is_dir(),
+        license_id=source_license(folder),
+    )
+
+
+def extract_adapter(folder: Path, output: Path, base: str | None = None, overwrite: bool = False) -> Path:
+    """Write the adapter-only folder of the CoMoE folder `folder` to `output`; returns `output`."""
     folder, output = Path(folder), Path(output)
     config = read_json(folder / "config.json")
     if config.get("model_type") != "comoe_bert":
@@ -45,27 +77,10 @@ def extract_adapter(folder: Path, output: Path, base: str | None = None, overwri
     refuse_overlap(folder, output)
     if output.exists() and not overwrite:
         raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
-    base = base or config.get("base_model_name_or_path")
-    if not base:
-        raise UsageError(f"{folder}/config.json names no base_model_name_or_path; pass --base HUB_ID_OR_FOLDER")
-    if Path(base).is_dir():
-        base = str(Path(base).resolve())
-    model = CoMoeBertModel.from_pretrained(str(folder))
     with atomic_output_dir(output, overwrite) as tmp:
-        for path in folder.iterdir():
-            if path.name in WEIGHT_FILES or path.name.startswith(("model-", ".")) or path.name == "README.md":
-                continue
-            (shutil.copytree if path.is_dir() else shutil.copy2)(path, tmp / path.name)
-        model.save_pretrained(tmp, adapter_only=True, base_model_name_or_path=base)
-        render_card(
-            tmp,
-            f"{PLACEHOLDER_OWNER}/{output.name}",
-            base_model=base,
-            base_is_hub_id=not Path(base).is_dir(),
-            license_id=source_license(folder),
-        )
+        write_adapter_folder(folder, tmp, base)
     size = (output / "adapter_model.safetensors").stat().st_size
-    logger.info("wrote %s (adapters, %.1f MB; base %s)", output, size / 1e6, base)
+    logger.info("wrote %s (adapters, %.1f MB)", output, size / 1e6)
     return output
 
 

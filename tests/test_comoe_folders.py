@@ -51,7 +51,9 @@ def trained_folders(comoe_dir, dense_path, tmp_path_factory):
 def test_fresh_process_upcycled_equals_dense_and_adapter_equals_full(comoe_dir, dense_path, trained_folders):
     full, adapter = trained_folders
     out = run_isolated(COMPARE, dense_path, json.dumps(TEXTS), comoe_dir, str(full), str(adapter))
-    result = {k: {n: torch.tensor(v) if n != "trainable" else v for n, v in r.items()} for k, r in json.loads(out).items()}
+    result = {
+        k: {n: torch.tensor(v) if n != "trainable" else v for n, v in r.items()} for k, r in json.loads(out).items()
+    }
     dense, upcycled = result[dense_path], result[comoe_dir]
     assert (upcycled["hidden"] - dense["hidden"]).abs().max() <= 1e-5
     assert (upcycled["st"] - dense["st"]).abs().max() <= 1e-5
@@ -72,7 +74,9 @@ def test_upcycled_folder_layout(comoe_dir, dense_path):
     dense = load_file(str(Path(dense_path) / "model.safetensors"))
     assert weights["encoder.layer.2.attention.self.key.lora_A"].shape == (4, 16, 384)
     assert torch.equal(weights["encoder.layer.2.attention.self.key.lora_B"], torch.zeros(4, 384, 16))
-    assert torch.equal(weights["encoder.layer.2.attention.self.key.weight"], dense["encoder.layer.2.attention.self.key.weight"])
+    assert torch.equal(
+        weights["encoder.layer.2.attention.self.key.weight"], dense["encoder.layer.2.attention.self.key.weight"]
+    )
     a = weights["encoder.layer.0.attention.self.query.lora_A"]
     assert not torch.equal(a[0], a[1])  # experts start different
     card = (folder / "README.md").read_text()

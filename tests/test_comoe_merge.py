@@ -41,7 +41,9 @@ def test_single_expert_merge_equals_the_model_and_needs_no_remote_code(tmp_path,
     assert (expected - dense_reference(trained, batch)).abs().max() > 1e-3  # the expert changes the model
     assert (got[mask] - expected[mask]).abs().max() <= 1e-5
     st_merged = SentenceTransformer(str(merged))
-    assert (st_merged.encode(TEXTS, convert_to_tensor=True) - st.encode(TEXTS, convert_to_tensor=True)).abs().max() <= 1e-5
+    assert (
+        st_merged.encode(TEXTS, convert_to_tensor=True) - st.encode(TEXTS, convert_to_tensor=True)
+    ).abs().max() <= 1e-5
 
 
 def dense_reference(folder, batch):

@@ -18,6 +18,7 @@ from moe_embed_cli import UsageError
 from training.tasks import TASK_TYPES, task_type
 
 CURRICULA = ("task_aware", "static")
+ARCHES = ("comoe", "lora")
 
 
 def _help(text: str, default=MISSING, **kwargs):
@@ -56,10 +57,31 @@ class LossConfig:
 
 
 @dataclass
+class AdapterConfig:
+    """Adapters trained on a frozen dense `model` (`adapter:`, used with `arch: comoe` or `arch: lora`)."""
+
+    rank: int = _help("LoRA rank r (of every expert for comoe)", 16)
+    lora_alpha: float = _help("LoRA alpha: adapters are scaled by alpha / r", 32.0)
+    lora_dropout: float = _help("dropout on the adapters' input", 0.05)
+    target_modules: str = _help(
+        "linears that get adapters, matched as peft's target_modules", "query,key,value,attention.output.dense"
+    )
+    layers: str = _help("layers that get adapters: all, every_other or comma-separated indices", "all")
+    num_experts: int = _help("comoe: LoRA experts per linear", 4)
+    experts_per_token: int = _help("comoe: experts each token uses (top-k)", 2)
+    contrastive_loss_coef: float = _help("comoe: weight λ of the contrastive expert loss (0: MoE-LoRA)", 0.01)
+    router_aux_loss_coef: float = _help("comoe: weight of the load-balancing loss (off in the paper)", 0.0)
+
+    def __post_init__(self):
+        if self.rank < 1:
+            raise UsageError(f"adapter.rank must be a positive integer, got {self.rank}")
+
+
+@dataclass
 class TrainingConfig:
     """A TA-CL training run (`python -m training.train --config FILE.yaml`)."""
 
-    model: str = _help("model folder or Hub id to train: MoTE, token-routed MoE or dense")
+    model: str = _help("model folder or Hub id to train: MoTE, token-routed MoE, CoMoE or dense")
     tasks: dict[str, list[DatasetSpec]] = _help(
         f"task type ({', '.join(TASK_TYPES)}) -> list of datasets, each {{name, path}}"
     )
@@ -90,6 +112,15 @@ class TrainingConfig:
     loss: LossConfig = _help(
         "loss options: cached_mini_batch_size, matryoshka_dims, gather_across_devices", default_factory=LossConfig
     )
+    arch: str | None = _help(
+        "train adapters on the dense `model` instead of the model itself: comoe (upcycled to CoMoE-PEFT first) "
+        "or lora (peft LoRA, saved merged as a plain model)",
+        None,
+    )
+    adapter: AdapterConfig = _help("adapter options for arch comoe / lora", default_factory=AdapterConfig)
+    save_adapter_only: bool = _help(
+        "CoMoE: write the adapter-only folder (adapter_config.json naming the base) instead of the full one", False
+    )
 
     def __post_init__(self):
         if not self.model:
@@ -105,6 +136,10 @@ class TrainingConfig:
                 raise UsageError(f"task {name!r} lists no datasets")
         if self.curriculum not in CURRICULA:
             raise UsageError(f"unknown curriculum {self.curriculum!r}; expected one of {', '.join(CURRICULA)}")
+        if self.arch is not None and self.arch not in ARCHES:
+            raise UsageError(f"unknown arch {self.arch!r}; expected one of {', '.join(ARCHES)} (or leave it out)")
+        if self.save_adapter_only and self.arch == "lora":
+            raise UsageError("save_adapter_only applies to CoMoE; a LoRA run is saved merged into a plain model")
         if self.temperature <= 0:
             raise UsageError(f"temperature must be a positive number, got {self.temperature!r}")
         for name in ("batch_size", "logging_steps"):
@@ -223,6 +258,8 @@ def describe_options(cls=TrainingConfig, indent: str = "  ") -> str:
 __all__ = [
     "TrainingConfig",
     "LossConfig",
+    "AdapterConfig",
+    "ARCHES",
     "DatasetSpec",
     "CURRICULA",
     "load_config",

@@ -19,7 +19,10 @@ as an extra candidate). Under the task-aware curriculum (TA-CL) retrieval datase
 entries (homogeneous batches); the datasets of a classification or clustering task are
 concatenated into one entry (heterogeneous batches). Each entry gets
 `MultipleNegativesRankingLoss(scale=1/τ)` with its task type's τ and its task type's prompts,
-which route MoTE's experts; a token-routed MoE's load-balancing loss is added. Batches are drawn
+which route MoTE's experts; a token-routed MoE's load-balancing loss, and CoMoE's contrastive expert
+loss, are added. With `arch: comoe` the dense `model` is first upcycled to CoMoE-PEFT (options under
+`adapter:`); with `arch: lora` it gets peft LoRA adapters and is saved merged (`merge_and_unload`).
+Either way only the adapters train. Batches are drawn
 with `TaskAwareBatchSampler`, so all data-parallel ranks train on one entry per step.
 The static curriculum (the paper's baseline) writes each row's prompt into its text, concatenates
 all datasets into one entry and uses one temperature: batches mix tasks, and MoTE routes each row
@@ -30,14 +33,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from moe_embed_cli import UsageError, run_cli
-from training.config import DatasetSpec, LossConfig, TrainingConfig, describe_options, load_config
+from training.config import AdapterConfig, DatasetSpec, LossConfig, TrainingConfig, describe_options, load_config
 from training.tasks import column_prompts, task_type
 
 logger = logging.getLogger("training")
@@ -60,17 +66,20 @@ def read_pair_dataset(spec: DatasetSpec, base: Path):
     return Dataset.from_dict({c: [row[c] for row in rows] for c in columns})
 
 
-def make_loss(model, temperature: float, options: LossConfig, is_moe: bool):
+AUX_LOSS_MODEL_TYPES = ("moe_bert", "comoe_bert")  # models whose output has an aux_loss to train
+
+
+def make_loss(model, temperature: float, options: LossConfig, with_aux: bool):
     """InfoNCE at temperature τ (`scale=1/τ`), with the configured GradCache, Matryoshka and
-    gathering options, plus a token-routed MoE's aux loss."""
+    gathering options, plus the model's aux loss (token-routed MoE, CoMoE) when `with_aux`."""
     from sentence_transformers.sentence_transformer import losses
 
     common = {"scale": 1.0 / temperature, "gather_across_devices": options.gather_across_devices}
     if options.cached_mini_batch_size:
-        if is_moe:
+        if with_aux:
             raise UsageError(
-                "loss.cached_mini_batch_size cannot train a token-routed MoE: GradCache embeds copies "
-                "of the inputs, so the router's load-balancing loss would be lost"
+                "loss.cached_mini_batch_size cannot train a token-routed MoE or CoMoE: GradCache embeds copies "
+                "of the inputs, so the model's auxiliary loss would be lost"
             )
         loss = losses.CachedMultipleNegativesRankingLoss(
             model, mini_batch_size=options.cached_mini_batch_size, **common
@@ -79,7 +88,7 @@ def make_loss(model, temperature: float, options: LossConfig, is_moe: bool):
         loss = losses.MultipleNegativesRankingLoss(model, **common)
     if options.matryoshka_dims:
         loss = losses.MatryoshkaLoss(model, loss, options.matryoshka_dims)
-    if is_moe:
+    if with_aux:
         from training.losses import RouterAuxLoss
 
         loss = RouterAuxLoss(loss)  # outside Matryoshka, so it is added once
@@ -95,7 +104,7 @@ def build_entries(config: TrainingConfig, base: Path, model) -> tuple[dict, dict
     """(datasets, losses, prompts) per trainer entry, following the task registry and curriculum."""
     from datasets import concatenate_datasets
 
-    is_moe = getattr(model[0].auto_model.config, "model_type", None) == "moe_bert"
+    with_aux = getattr(model[0].auto_model.config, "model_type", None) in AUX_LOSS_MODEL_TYPES
     datasets, temperatures, prompts = {}, {}, {}
     for task, specs in config.tasks.items():
         kind = task_type(task)
@@ -121,8 +130,52 @@ def build_entries(config: TrainingConfig, base: Path, model) -> tuple[dict, dict
         datasets = {"static": concatenate_datasets(mixed).shuffle(seed=config.seed)}
         temperatures = {"static": config.temperature}
         prompts = {"static": {}}
-    losses = {entry: make_loss(model, temperatures[entry], config.loss, is_moe) for entry in datasets}
+    losses = {entry: make_loss(model, temperatures[entry], config.loss, with_aux) for entry in datasets}
     return datasets, losses, prompts
+
+
+def upcycle_comoe(config: TrainingConfig, base: Path, folder: Path) -> str:
+    """The dense `config.model` upcycled to CoMoE-PEFT with `config.adapter`'s options, in `folder`."""
+    from convert.upcycle import main as upcycle_main
+
+    source = base / config.model if (base / config.model).is_dir() else Path(config.model)
+    adapter = config.adapter
+    upcycle_main(
+        ["--arch", "comoe", "--base", str(source) if source.is_dir() else config.model, "--output", str(folder)]
+        + ["--num-experts", str(adapter.num_experts), "--experts-per-token", str(adapter.experts_per_token)]
+        + ["--rank", str(adapter.rank), "--lora-alpha", str(adapter.lora_alpha)]
+        + ["--lora-dropout", str(adapter.lora_dropout), "--target-modules", adapter.target_modules]
+        + ["--layers", adapter.layers, "--contrastive-loss-coef", str(adapter.contrastive_loss_coef)]
+        + ["--router-aux-loss-coef", str(adapter.router_aux_loss_coef), "--seed", str(config.seed)]
+    )
+    return str(folder)
+
+
+def add_lora(model, adapter: AdapterConfig, seed: int) -> None:
+    """Wrap the model's transformer in peft LoRA adapters on `adapter`'s target modules and layers."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from modeling.configuration_comoe import resolve_target_modules
+    from modeling.configuration_encoder import resolve_layer_indices
+
+    transformer = model[0].auto_model
+    try:
+        targets = resolve_target_modules(adapter.target_modules)
+        layers = resolve_layer_indices(adapter.layers, transformer.config.num_hidden_layers, "adapter.layers")
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    torch.manual_seed(seed)  # the LoRA A init
+    # exactly the linears a CoMoE model with these options adapts: a full-name pattern
+    pattern = rf"encoder\.layer\.({'|'.join(map(str, layers))})\.({'|'.join(re.escape(t) for t in targets)})"
+    lora = LoraConfig(
+        r=adapter.rank,
+        lora_alpha=adapter.lora_alpha,
+        lora_dropout=adapter.lora_dropout,
+        target_modules=pattern,
+        bias="none",
+    )
+    model[0].model = get_peft_model(transformer, lora)  # `auto_model` is a read-only alias of `model`
 
 
 def train(config: TrainingConfig, base: Path, trainer_cls=None):
@@ -130,6 +183,14 @@ def train(config: TrainingConfig, base: Path, trainer_cls=None):
 
     `trainer_cls` replaces `TaskAwareTrainer` (a subclass of it, e.g. to add callbacks or logging).
     """
+    scratch = Path(tempfile.mkdtemp(prefix="moe-embed-train-"))
+    try:
+        return _train(config, base, trainer_cls, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     import torch
     from datasets import DatasetDict
     from sentence_transformers import SentenceTransformer, SentenceTransformerTrainingArguments
@@ -137,12 +198,18 @@ def train(config: TrainingConfig, base: Path, trainer_cls=None):
     from training.sampler import TaskAwareBatchSampler, data_parallel_world_size
     from training.trainer import TaskAwareTrainer
 
+    source = upcycle_comoe(config, base, scratch / "comoe") if config.arch == "comoe" else config.model
     model = SentenceTransformer(
-        config.model,
-        trust_remote_code=config.trust_remote_code,
+        source,
+        trust_remote_code=config.trust_remote_code or config.arch == "comoe",
         model_kwargs=config.model_kwargs,
         config_kwargs=config.config_kwargs,
     )
+    model_type = getattr(model[0].auto_model.config, "model_type", None)
+    if config.save_adapter_only and model_type != "comoe_bert":
+        raise UsageError(f"save_adapter_only needs a CoMoE model; this one is {model_type!r}")
+    if config.arch == "lora":
+        add_lora(model, config.adapter, config.seed)
     saved_max_seq_length = model.max_seq_length
     if config.max_seq_length:
         model.max_seq_length = config.max_seq_length
@@ -173,8 +240,16 @@ def train(config: TrainingConfig, base: Path, trainer_cls=None):
     trainer = trainer_cls(model=model, args=args, train_dataset=DatasetDict(datasets), loss=losses)
     trainer.train()
     model.max_seq_length = saved_max_seq_length  # the training truncation does not change the saved model
+    if config.arch == "lora":  # the adapters folded into the weights: a plain model
+        model[0].model = model[0].model.merge_and_unload()
     if trainer.is_world_process_zero():  # under torchrun / accelerate launch, one process writes
-        model.save(output_dir)
+        if config.save_adapter_only:
+            from convert.extract_adapter import write_adapter_folder
+
+            model.save(str(scratch / "full"))
+            write_adapter_folder(scratch / "full", Path(output_dir))
+        else:
+            model.save(output_dir)
         logger.info("saved the trained model to %s", output_dir)
     return model
 
