@@ -2,18 +2,23 @@
 
     python convert/push_to_hub.py models/mote-minilm --repo-id you/mote-minilm
     python convert/push_to_hub.py models/minilm-ea --repo-id you/minilm-ea --private --revision v1
+    python convert/push_to_hub.py models/comoe-adapter --repo-id you/comoe-adapter \
+        --base-model-id sentence-transformers/all-MiniLM-L6-v2      # adapter-only folder of a local base
 
 Before anything is uploaded, the folder is loaded in a separate Python process with
 `AutoModel.from_pretrained(..., trust_remote_code=True)` and `SentenceTransformer(...)`, and both run a
 forward pass. The model card is refreshed for the target repository (metadata for the Hub, usage
 snippets naming `--repo-id`), or rendered from `hub_cards/` if the folder has none; the folder
-itself is not modified. Everything is uploaded in one commit. The token comes from the usual
+itself is not modified. Everything is uploaded in one commit. An adapter-only CoMoE folder is
+published naming its base model; one that names a local folder needs `--base-model-id`, the Hub id
+the uploaded `adapter_config.json` and `config.json` then name instead. The token comes from the usual
 huggingface_hub sources (`HF_TOKEN`, `hf auth login`) and is never printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
@@ -65,13 +70,15 @@ def files_to_upload(folder: Path) -> list[Path]:
     return files
 
 
-def validate(folder: Path) -> None:
-    """Load the folder in a fresh process and run a forward pass; UsageError if it fails."""
+def validate(folder: Path, offline: bool = True) -> None:
+    """Load the folder in a fresh process and run a forward pass; UsageError if it fails.
+
+    `offline=False` lets the process fetch what the folder names (the Hub base of an adapter folder)."""
     if not (folder / "config.json").is_file():
         raise UsageError(f"{folder} is not a model folder (no config.json)")
     if not list(folder.glob("*.safetensors")):
         raise UsageError(f"{folder} has no *.safetensors weights")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"} if offline else dict(os.environ)
     result = subprocess.run(
         [sys.executable, "-c", VALIDATE, str(folder.resolve())], env=env, capture_output=True, text=True, cwd="/"
     )
@@ -92,13 +99,41 @@ def refreshed_card(folder: Path, repo_id: str) -> str:
     card.data.pipeline_tag = card.data.pipeline_tag or "sentence-similarity"
     tags = list(card.data.tags or [])
     for tag in ["sentence-transformers", "moe-embed"] + (
-        ["mixture-of-experts"] if model_type in ("mote_bert", "moe_bert") else []
+        ["mixture-of-experts"] if model_type in ("mote_bert", "moe_bert", "comoe_bert") else []
     ):
         if tag not in tags:
             tags.append(tag)
     card.data.tags = tags
     card.text = card.text.replace(f"{PLACEHOLDER_OWNER}/{folder.name}", repo_id)
     return str(card)
+
+
+def adapter_files_naming(folder: Path, base_model_id: str | None) -> dict[str, bytes] | None:
+    """For an adapter-only folder, the files to upload in place of the folder's own (`adapter_config.json`
+    and `config.json` naming `base_model_id`, when given); `None` for any other folder.
+
+    An adapter naming a local folder as its base cannot be loaded by anyone else: refused without
+    `base_model_id`."""
+    if not (folder / "adapter_config.json").is_file():
+        if base_model_id:
+            raise UsageError("--base-model-id applies to adapter-only folders (with adapter_config.json)")
+        return None
+    base = read_json(folder / "adapter_config.json").get("base_model_name_or_path")
+    if not base_model_id:
+        if base and (Path(base).is_absolute() or Path(base).exists()):
+            raise UsageError(
+                f"the adapter names the local folder {base} as its base, which others cannot fetch; "
+                "pass --base-model-id with the Hub id of that model"
+            )
+        return {}
+    if base_model_id.count("/") != 1:
+        raise UsageError(f"--base-model-id must be a Hub id OWNER/NAME, got {base_model_id!r}")
+    rewritten = {}
+    for name in ("adapter_config.json", "config.json"):
+        data = read_json(folder / name)
+        data["base_model_name_or_path"] = base_model_id
+        rewritten[name] = (json.dumps(data, indent=2) + "\n").encode()
+    return rewritten
 
 
 def push(args) -> str:
@@ -110,10 +145,15 @@ def push(args) -> str:
         raise UsageError(f"{folder} is not a folder")
     if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
         raise UsageError(f"--repo-id must look like OWNER/NAME, got {args.repo_id!r}")
+    rewritten = adapter_files_naming(folder, args.base_model_id)
     logger.info("validating %s", folder)
-    validate(folder)
+    base = read_json(folder / "adapter_config.json").get("base_model_name_or_path") if rewritten is not None else None
+    validate(folder, offline=rewritten is None or Path(str(base)).is_dir())
     operations = [
-        CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path))
+        CommitOperationAdd(
+            path_in_repo=path.relative_to(folder).as_posix(),
+            path_or_fileobj=(rewritten or {}).get(path.relative_to(folder).as_posix(), str(path)),
+        )
         for path in files_to_upload(folder)
         if path.relative_to(folder).as_posix() != "README.md"
     ]
@@ -146,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--private", action="store_true", help="create the repository as private")
     parser.add_argument("--revision", default=None, help="branch to commit to (created if missing; default: main)")
     parser.add_argument("--commit-message", default="Upload model with moe-embed", help="commit message")
+    parser.add_argument(
+        "--base-model-id",
+        default=None,
+        help="adapter-only folders: the Hub id of the base model, named in the uploaded adapter_config.json",
+    )
     return parser
 
 

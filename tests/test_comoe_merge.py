@@ -8,7 +8,8 @@ from conftest import TEXTS, randomize_lora_b, run_main
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer, BertModel
 
-from convert.merge_experts import comoe_routing_weights, main as merge_main, merge_comoe
+from convert.merge_experts import comoe_routing_weights, merge_comoe
+from convert.merge_experts import main as merge_main
 from convert.upcycle import main as upcycle_main
 from modeling.modeling_comoe import CoMoeBertModel
 

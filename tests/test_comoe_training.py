@@ -9,7 +9,7 @@ import yaml
 from safetensors.torch import load_file
 
 from moe_embed_cli import UsageError
-from training.config import from_mapping, TrainingConfig
+from training.config import TrainingConfig, from_mapping
 from training.train import main as train_main
 
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B", ".router.weight")

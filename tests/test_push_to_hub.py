@@ -123,3 +123,25 @@ def test_bad_repo_id_and_missing_weights(tiny_mote_dir, tmp_path, capsys):
     )
     code, message = run(str(folder), "--repo-id", "dave/x")
     assert code == 2 and message.endswith("has no *.safetensors weights")
+
+
+def test_adapter_folder_is_published_naming_a_hub_base(tiny_mote_dir, tmp_path):
+    import json
+
+    from convert.extract_adapter import main as extract
+    from convert.upcycle import main as upcycle
+
+    source = tiny_mote_dir.parent / "tiny-bert"
+    upcycle(["--arch", "comoe", "--base", str(source), "--rank", "4", "--output", str(tmp_path / "comoe")])
+    adapter = extract([str(tmp_path / "comoe"), "--output", str(tmp_path / "adapter")])
+    with FakeHub() as hub:
+        refused = push(adapter, hub, "--repo-id", "alice/tiny-comoe")
+        assert refused.returncode == 2 and "pass --base-model-id" in refused.stderr.strip().splitlines()[-1]
+        assert "alice/tiny-comoe" not in hub.state.files
+        result = push(adapter, hub, "--repo-id", "alice/tiny-comoe", "--base-model-id", "alice/tiny-bert")
+    assert result.returncode == 0, result.stderr[-2000:]
+    uploaded = hub.state.files["alice/tiny-comoe"]
+    assert "model.safetensors" not in uploaded and "adapter_model.safetensors" in uploaded
+    for name in ("adapter_config.json", "config.json"):
+        assert json.loads(uploaded[name])["base_model_name_or_path"] == "alice/tiny-bert"
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == str(source.resolve())
