@@ -65,3 +65,29 @@ def test_training_benchmark_runs(tmp_path, capsys):
     rows = out.strip().splitlines()[-2:]
     assert rows[0].startswith("| dense + prompts |") and rows[1].startswith("| MoTE |")
     assert all(row.count("|") == 6 for row in rows)
+
+
+def test_comoe_flop_bound_for_minilm_shapes():
+    sys.path.insert(0, str(REPO))
+    from benchmarks.bench_comoe import flop_bound_ratio
+    from conftest import tiny_comoe_config
+
+    config = tiny_comoe_config(
+        hidden_size=384, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=12, lora_rank=16
+    )
+    h, i, s = 384, 1536, 16
+    dense = 6 * (4 * h * h + 2 * s * h + 2 * h * i)
+    per_linear = 4 * h + 2 * 16 * (h + h)  # router + the two top-2 LoRA products
+    assert abs(flop_bound_ratio(config, s, 2) - dense / (dense + 24 * per_linear)) < 1e-12
+    assert 0.93 < flop_bound_ratio(config, s, 2) < 0.95  # the "about 0.94"
+    assert flop_bound_ratio(config, s, 4) < flop_bound_ratio(config, s, 2)
+
+
+@pytest.mark.slow
+def test_comoe_benchmark_runs(comoe_dir, capsys):
+    quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
+    train = ["--train-steps", "1", "--train-batch", "2", "--train-tokens", "8"]
+    out = run_repo_script("benchmarks/bench_comoe.py", *quick, *train, "--model", comoe_dir, capsys=capsys)
+    lines = out.strip().splitlines()
+    assert any(line.startswith("| 2 | 16 |") and line.count("|") == 8 for line in lines)
+    assert sum(line.startswith(("| CoMoE", "| MoE-LoRA", "| LoRA", "| full")) for line in lines) == 4
