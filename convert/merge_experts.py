@@ -247,7 +247,9 @@ def merge(args) -> Path:
     st_prompts = read_json(folder / "config_sentence_transformers.json").get("prompts", {})
     default_prompt = None
 
-    calibration_texts = read_calibration(Path(args.calibration)) if args.calibration else None
+    calibration_texts = (
+        read_calibration(Path(args.calibration)) if args.calibration and model_type != "mote_bert" else None
+    )
     if model_type == "comoe_bert":
         from modeling.modeling_comoe import CoMoeBertModel
 

@@ -69,8 +69,9 @@ def test_training_benchmark_runs(tmp_path, capsys):
 
 def test_comoe_flop_bound_for_minilm_shapes():
     sys.path.insert(0, str(REPO))
-    from benchmarks.bench_comoe import flop_bound_ratio
     from conftest import tiny_comoe_config
+
+    from benchmarks.bench_comoe import flop_bound_ratio
 
     config = tiny_comoe_config(
         hidden_size=384, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=12, lora_rank=16

@@ -138,7 +138,7 @@ def test_bad_input(mote_dir, tmp_path, capsys, args, message):
 
 def test_refusals(mote_dir, dense_path, tmp_path, capsys):
     code, err = merge(capsys, dense_path, "--output", str(tmp_path / "out"))
-    assert code == 2 and "expected a MoTE (mote_bert) or token-routed MoE (moe_bert) folder" in err
+    assert code == 2 and "expected a MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder" in err
     code, err = merge(capsys, str(tmp_path / "nowhere"), "--output", str(tmp_path / "out"))
     assert code == 2 and "is not a model folder" in err
     (tmp_path / "exists").mkdir()
