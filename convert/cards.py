@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from convert.checkpoint import HUB_CARDS_DIR, read_json
-from convert.layout import parse_moe_key, parse_mote_key
+from convert.layout import is_comoe_expert_key, parse_moe_key, parse_mote_key
 
 TEMPLATES = {
     "mote_bert": "mote.md",
@@ -64,7 +64,7 @@ def parameter_counts(config: dict, shapes: dict) -> tuple[int, int]:
         unused = config["num_local_experts"] - config["num_experts_per_tok"]
         return total, total - stacked * unused // config["num_local_experts"]
     if config.get("model_type") == "comoe_bert":  # LoRA experts: only top-k of E are used per token
-        experts = sum(_numel(s) for k, s in shapes.items() if k.endswith((".lora_A", ".lora_B")))
+        experts = sum(_numel(s) for k, s in shapes.items() if is_comoe_expert_key(k))
         unused = config["num_local_experts"] - config["num_experts_per_tok"]
         return total, total - experts * unused // config["num_local_experts"]
     return total, total

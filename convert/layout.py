@@ -18,6 +18,10 @@ keys become which expert keys and back, so that upcycling (`convert/upcycle.py`)
     encoder.layer.N.output.dense.bias              encoder.layer.N.mlp.experts.down_proj_bias
     (new)                                          encoder.layer.N.mlp.router.weight
 
+    dense                                          CoMoE (linear L = encoder.layer.N.<target module>)
+    L.weight, L.bias                               L.weight, L.bias (unchanged, frozen)
+    (new)                                          L.lora_A (E, r, in), L.lora_B (E, out, r), L.router.weight (E, in)
+
 RoBERTa-family checkpoints number positions from `pad_token_id + 1`, BERT from 0
 (`position_offset`).
 """
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import re
 
+from modeling.modeling_comoe import is_adapter_key
 from moe_embed_cli import UsageError
 
 # model_type of a dense source -> the transformers class its exports are saved as
@@ -115,6 +120,16 @@ def parse_moe_key(key: str) -> tuple[int, str | None] | None:
     return layer, f"encoder.layer.{layer}.{MOE_DENSE[match.group(2)]}"
 
 
+def comoe_adapter_keys(linear: str) -> dict[str, str]:
+    """Keys of the adapters a CoMoE model adds to the linear `linear`: `lora_A`, `lora_B`, `router`."""
+    return {"lora_A": f"{linear}.lora_A", "lora_B": f"{linear}.lora_B", "router": f"{linear}.router.weight"}
+
+
+def is_comoe_expert_key(key: str) -> bool:
+    """Whether `key` is a CoMoE LoRA expert tensor (`lora_A` / `lora_B`, not a router)."""
+    return is_adapter_key(key) and not key.endswith(".router.weight")
+
+
 __all__ = [
     "DENSE_ARCHITECTURES",
     "MOTE_EXPERT_PARTS",
@@ -127,4 +142,6 @@ __all__ = [
     "moe_stacked_key",
     "moe_router_key",
     "parse_moe_key",
+    "comoe_adapter_keys",
+    "is_comoe_expert_key",
 ]

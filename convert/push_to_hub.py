@@ -108,24 +108,26 @@ def refreshed_card(folder: Path, repo_id: str) -> str:
     return str(card)
 
 
-def adapter_files_naming(folder: Path, base_model_id: str | None) -> dict[str, bytes] | None:
-    """For an adapter-only folder, the files to upload in place of the folder's own (`adapter_config.json`
-    and `config.json` naming `base_model_id`, when given); `None` for any other folder.
+def adapter_files_naming(folder: Path, base_model_id: str | None) -> tuple[dict[str, bytes], bool]:
+    """For an adapter-only folder: the files to upload in place of the folder's own (`adapter_config.json`
+    and `config.json` naming `base_model_id`, when given) and whether the base it names now is a Hub
+    id (which validation must be allowed to fetch); `({}, False)` for any other folder.
 
     An adapter naming a local folder as its base cannot be loaded by anyone else: refused without
     `base_model_id`."""
     if not (folder / "adapter_config.json").is_file():
         if base_model_id:
             raise UsageError("--base-model-id applies to adapter-only folders (with adapter_config.json)")
-        return None
+        return {}, False
     base = read_json(folder / "adapter_config.json").get("base_model_name_or_path")
+    local = bool(base) and (Path(base).is_absolute() or Path(base).exists())
     if not base_model_id:
-        if base and (Path(base).is_absolute() or Path(base).exists()):
+        if local:
             raise UsageError(
                 f"the adapter names the local folder {base} as its base, which others cannot fetch; "
                 "pass --base-model-id with the Hub id of that model"
             )
-        return {}
+        return {}, True
     if base_model_id.count("/") != 1:
         raise UsageError(f"--base-model-id must be a Hub id OWNER/NAME, got {base_model_id!r}")
     rewritten = {}
@@ -133,7 +135,7 @@ def adapter_files_naming(folder: Path, base_model_id: str | None) -> dict[str, b
         data = read_json(folder / name)
         data["base_model_name_or_path"] = base_model_id
         rewritten[name] = (json.dumps(data, indent=2) + "\n").encode()
-    return rewritten
+    return rewritten, not local  # the local folder's own files still name the local base
 
 
 def push(args) -> str:
@@ -145,14 +147,13 @@ def push(args) -> str:
         raise UsageError(f"{folder} is not a folder")
     if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
         raise UsageError(f"--repo-id must look like OWNER/NAME, got {args.repo_id!r}")
-    rewritten = adapter_files_naming(folder, args.base_model_id)
+    rewritten, hub_base = adapter_files_naming(folder, args.base_model_id)
     logger.info("validating %s", folder)
-    base = read_json(folder / "adapter_config.json").get("base_model_name_or_path") if rewritten is not None else None
-    validate(folder, offline=rewritten is None or Path(str(base)).is_dir())
+    validate(folder, offline=not hub_base)
     operations = [
         CommitOperationAdd(
             path_in_repo=path.relative_to(folder).as_posix(),
-            path_or_fileobj=(rewritten or {}).get(path.relative_to(folder).as_posix(), str(path)),
+            path_or_fileobj=rewritten.get(path.relative_to(folder).as_posix(), str(path)),
         )
         for path in files_to_upload(folder)
         if path.relative_to(folder).as_posix() != "README.md"

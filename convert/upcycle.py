@@ -42,7 +42,7 @@ from convert.checkpoint import (
     resolve_source,
     write_sentence_transformers_files,
 )
-from convert.layout import moe_router_key, moe_stacked_key, mote_expert_key, mote_key
+from convert.layout import comoe_adapter_keys, moe_router_key, moe_stacked_key, mote_expert_key, mote_key
 from modeling.configuration_comoe import CoMoeBertConfig
 from modeling.configuration_moe import MoeBertConfig
 from modeling.configuration_mote import DEFAULT_TASK_PREFIXES, MoteBertConfig
@@ -249,11 +249,10 @@ def build_comoe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcyc
         out_features, in_features = weight.shape
         experts, rank = config.num_local_experts, config.lora_rank
         bound = 1.0 / in_features**0.5  # peft's (nn.Linear's) init of lora_A
-        adapters[f"{name}.lora_A"] = (torch.rand(experts, rank, in_features, generator=generator) * 2 - 1) * bound
-        adapters[f"{name}.lora_B"] = torch.zeros(experts, out_features, rank)
-        adapters[f"{name}.router.weight"] = config.initializer_range * torch.randn(
-            experts, in_features, generator=generator
-        )
+        keys = comoe_adapter_keys(name)
+        adapters[keys["lora_A"]] = (torch.rand(experts, rank, in_features, generator=generator) * 2 - 1) * bound
+        adapters[keys["lora_B"]] = torch.zeros(experts, out_features, rank)
+        adapters[keys["router"]] = config.initializer_range * torch.randn(experts, in_features, generator=generator)
     model = fill_model(CoMoeBertModel, config, dense_state, lambda key, tensor: [(key, tensor)], adapters)
     return Upcycled(
         model=model,

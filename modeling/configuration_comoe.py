@@ -2,7 +2,7 @@
 contrastive loss between activated and inactivated experts (Feng et al., 2025, "CoMoE: Contrastive
 Representation for Mixture-of-Experts in Parameter-Efficient Fine-tuning")."""
 
-from .configuration_encoder import EncoderConfig, resolve_layer_indices
+from .configuration_encoder import EncoderConfig, check_top_k, resolve_layer_indices
 
 # The linears of a BERT layer that can carry LoRA experts, by their name inside the layer, in the
 # order a forward pass calls them.
@@ -91,13 +91,7 @@ class CoMoeBertConfig(EncoderConfig):
     base_model_name_or_path: str | None = None
 
     def __post_init__(self, **kwargs):
-        if self.num_local_experts < 1:
-            raise ValueError(f"`num_local_experts` must be at least 1, got {self.num_local_experts}")
-        if not 1 <= self.num_experts_per_tok <= self.num_local_experts:
-            raise ValueError(
-                f"`num_experts_per_tok` ({self.num_experts_per_tok}) must lie in 1..num_local_experts "
-                f"({self.num_local_experts})"
-            )
+        check_top_k(self.num_local_experts, self.num_experts_per_tok)
         if self.lora_rank < 1:
             raise ValueError(f"`lora_rank` must be a positive integer, got {self.lora_rank}")
         if self.lora_alpha <= 0:

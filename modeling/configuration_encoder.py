@@ -49,6 +49,16 @@ def resolve_layer_indices(spec, num_hidden_layers: int, field_name: str) -> list
     return sorted(indices)
 
 
+def check_top_k(num_local_experts: int, num_experts_per_tok: int) -> None:
+    """Raise `ValueError` unless there is at least one expert and `1 <= num_experts_per_tok <= num_local_experts`."""
+    if num_local_experts < 1:
+        raise ValueError(f"`num_local_experts` must be at least 1, got {num_local_experts}")
+    if not 1 <= num_experts_per_tok <= num_local_experts:
+        raise ValueError(
+            f"`num_experts_per_tok` ({num_experts_per_tok}) must lie in 1..num_local_experts ({num_local_experts})"
+        )
+
+
 class EncoderConfig(PreTrainedConfig):
     r"""
     Fields of a post-LayerNorm BERT encoder, named exactly as in transformers' `BertConfig` so that
@@ -107,4 +117,4 @@ class EncoderConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
 
 
-__all__ = ["EncoderConfig", "resolve_layer_indices"]
+__all__ = ["EncoderConfig", "resolve_layer_indices", "check_top_k"]

@@ -1,6 +1,6 @@
 """Configuration of the token-routed sparse MoE encoder (Nomic Embed v2, Nussbaum & Duderstadt, 2025)."""
 
-from .configuration_encoder import EncoderConfig, resolve_layer_indices
+from .configuration_encoder import EncoderConfig, check_top_k, resolve_layer_indices
 
 
 class MoeBertConfig(EncoderConfig):
@@ -38,13 +38,7 @@ class MoeBertConfig(EncoderConfig):
     output_router_logits: bool = False
 
     def __post_init__(self, **kwargs):
-        if self.num_local_experts < 1:
-            raise ValueError(f"`num_local_experts` must be at least 1, got {self.num_local_experts}")
-        if not 1 <= self.num_experts_per_tok <= self.num_local_experts:
-            raise ValueError(
-                f"`num_experts_per_tok` ({self.num_experts_per_tok}) must lie in 1..num_local_experts "
-                f"({self.num_local_experts})"
-            )
+        check_top_k(self.num_local_experts, self.num_experts_per_tok)
         if not 0.0 <= self.router_jitter_noise < 1.0:
             raise ValueError(f"`router_jitter_noise` must lie in [0, 1), got {self.router_jitter_noise}")
         self.moe_layers = resolve_layer_indices(self.moe_layers, self.num_hidden_layers, "moe_layers")

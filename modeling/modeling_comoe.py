@@ -329,15 +329,7 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
             `config.output_router_logits`).
         return_dict (`bool`, *optional*): `False` returns a tuple instead of a `CoMoeModelOutput`.
         """
-        reference = input_ids if input_ids is not None else inputs_embeds
-        if reference is not None and reference.shape[0] == 0:
-            raise ValueError("Got an empty batch: `input_ids` has 0 rows")
-        token_index = None
-        if attention_mask is not None:
-            if bool(attention_mask.all()):
-                attention_mask = None
-            else:
-                token_index = attention_mask.reshape(-1).nonzero().squeeze(-1)
+        attention_mask, token_index = self.padding_token_index(input_ids, inputs_embeds, attention_mask)
         routing = CoMoeRouting(token_index, contrastive=self.training and self.config.contrastive_loss_coef > 0)
         backbone = self.forward_backbone(
             input_ids,
@@ -351,6 +343,7 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
         )
         device = backbone.last_hidden_state.device
         layer_aux = backbone.layer_aux
+        contrastive = self.contrastive_loss(layer_aux, device)
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
         output = CoMoeModelOutput(
@@ -358,8 +351,8 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
             pooler_output=backbone.pooler_output,
             hidden_states=backbone.hidden_states,
             attentions=backbone.attentions,
-            aux_loss=self.aux_loss(layer_aux, device),
-            contrastive_loss=self.contrastive_loss(layer_aux, device),
+            aux_loss=self._weighted_aux_loss(contrastive, layer_aux, device),
+            contrastive_loss=contrastive,
             router_logits=tuple(x for aux in layer_aux for x in aux.router_logits) if output_router_logits else None,
             expert_counts=torch.stack([c.to(device) for aux in layer_aux for c in aux.expert_counts]),
         )
@@ -374,9 +367,11 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
     def aux_loss(self, layer_aux: tuple[CoMoeLayerAux, ...], device: torch.device) -> torch.Tensor:
         """`contrastive_loss_coef · contrastive loss + router_aux_loss_coef · load balancing`, from the
         layers' reports of one forward pass, on `device` (the term a training loss adds)."""
+        return self._weighted_aux_loss(self.contrastive_loss(layer_aux, device), layer_aux, device)
+
+    def _weighted_aux_loss(self, contrastive: torch.Tensor | None, layer_aux, device) -> torch.Tensor:
         config = self.config
         total = torch.zeros((), device=device)
-        contrastive = self.contrastive_loss(layer_aux, device)
         if contrastive is not None:
             total = total + config.contrastive_loss_coef * contrastive
         if config.router_aux_loss_coef:

@@ -288,6 +288,22 @@ class EncoderPreTrainedModel(PreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
+    @staticmethod
+    def padding_token_index(input_ids, inputs_embeds, attention_mask):
+        """`(attention_mask, token_index)` for models that route tokens: the mask becomes `None` when
+        nothing is padded (decided once here, not again when the attention mask is built) and
+        `token_index` holds the flat indices of the non-padding tokens (`None`: all of them).
+
+        Raises:
+            ValueError: for an empty batch.
+        """
+        reference = input_ids if input_ids is not None else inputs_embeds
+        if reference is not None and reference.shape[0] == 0:
+            raise ValueError("Got an empty batch: `input_ids` has 0 rows")
+        if attention_mask is None or bool(attention_mask.all()):
+            return None, None
+        return attention_mask, attention_mask.reshape(-1).nonzero().squeeze(-1)
+
     def forward_backbone(
         self,
         input_ids=None,

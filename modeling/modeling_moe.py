@@ -237,15 +237,7 @@ class MoeBertModel(MoeBertPreTrainedModel):
             (defaults to `config.output_router_logits`).
         return_dict (`bool`, *optional*): `False` returns a tuple instead of a `MoeBertModelOutput`.
         """
-        reference = input_ids if input_ids is not None else inputs_embeds
-        if reference is not None and reference.shape[0] == 0:
-            raise ValueError("Got an empty batch: `input_ids` has 0 rows")
-        token_index = None
-        if attention_mask is not None:
-            if bool(attention_mask.all()):
-                attention_mask = None  # nothing padded: decided once here, not again when building the mask
-            else:
-                token_index = attention_mask.reshape(-1).nonzero().squeeze(-1)
+        attention_mask, token_index = self.padding_token_index(input_ids, inputs_embeds, attention_mask)
         backbone = self.forward_backbone(
             input_ids,
             attention_mask,

@@ -186,6 +186,26 @@ def randomize_lora_b(model, seed: int = 0, std: float = 0.05) -> None:
                 param.copy_(torch.randn(param.shape, generator=generator) * std)
 
 
+def sharpen_routers(model, seed: int = 0) -> None:
+    """Give every CoMoE router weights of std 1, so that routing decisions are far from ties (tests that
+    compare routing across code paths must not depend on one CPU's rounding)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("router.weight"):
+                param.copy_(torch.randn(param.shape, generator=generator))
+
+
+def top_k_margin(router_logits, k: int) -> float:
+    """Smallest gap, over tokens and routers, between the k-th and (k+1)-th router logit (the softmax
+    keeps the order, and logits carry rounding errors of their own size, not the probabilities')."""
+    gaps = []
+    for logits in router_logits:
+        ordered = torch.sort(logits, dim=-1, descending=True).values
+        gaps.append((ordered[:, k - 1] - ordered[:, k]).min().item())
+    return min(gaps)
+
+
 def randomize_experts(model, seed: int = 0) -> None:
     """Give every expert its own random perturbation so that experts differ."""
     generator = torch.Generator().manual_seed(seed)

@@ -59,8 +59,9 @@ def test_fresh_process_upcycled_equals_dense_and_adapter_equals_full(comoe_dir, 
     assert (upcycled["st"] - dense["st"]).abs().max() <= 1e-5
     trained, from_adapter = result[str(full)], result[str(adapter)]
     assert (trained["hidden"] - dense["hidden"]).abs().max() > 1e-2  # the experts now matter
-    assert torch.equal(from_adapter["hidden"], trained["hidden"])
-    assert torch.equal(from_adapter["st"], trained["st"])
+    # same weights, loaded into tensors at other memory alignments: equal up to kernel rounding
+    assert (from_adapter["hidden"] - trained["hidden"]).abs().max() <= 1e-6
+    assert (from_adapter["st"] - trained["st"]).abs().max() <= 1e-6
     assert from_adapter["trainable"] == trained["trainable"] == 1216512  # adapters only: 24 linears
 
 

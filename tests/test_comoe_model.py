@@ -5,7 +5,7 @@ import threading
 
 import pytest
 import torch
-from conftest import randomize_lora_b, tiny_comoe_config
+from conftest import randomize_lora_b, sharpen_routers, tiny_comoe_config, top_k_margin
 
 from modeling.configuration_comoe import resolve_target_modules
 from modeling.modeling_comoe import (
@@ -78,12 +78,14 @@ def test_training_path_equals_inference_path():
     # Training computes every expert's output (for the loss); inference the chosen ones only.
     model = CoMoeBertModel(tiny_comoe_config())
     randomize_lora_b(model)
+    sharpen_routers(model)
     ids = torch.randint(5, 1000, (3, 9))
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0
     with torch.no_grad():
         train_out = model.train()(input_ids=ids, attention_mask=mask)
-        eval_out = model.eval()(input_ids=ids, attention_mask=mask)
+        eval_out = model.eval()(input_ids=ids, attention_mask=mask, output_router_logits=True)
+    assert top_k_margin(eval_out.router_logits, 2) > 1e-3  # no routing decision is knife-edge
     assert train_out.contrastive_loss is not None and eval_out.contrastive_loss is None
     real = mask.bool()
     torch.testing.assert_close(train_out.last_hidden_state[real], eval_out.last_hidden_state[real], atol=1e-5, rtol=0)
@@ -165,6 +167,7 @@ def test_padding_changes_no_real_output_and_no_loss():
     config = tiny_comoe_config(router_aux_loss_coef=0.5)
     model = CoMoeBertModel(config).train()
     randomize_lora_b(model)
+    sharpen_routers(model)
     ids = torch.randint(5, 1000, (2, 6))
     mask = torch.tensor([[1] * 6, [1] * 3 + [0] * 3])
     padded_ids = torch.cat([ids, torch.zeros(2, 4, dtype=torch.long)], dim=1)
@@ -174,6 +177,7 @@ def test_padding_changes_no_real_output_and_no_loss():
         torch.manual_seed(5)  # the same anchor draws: one per real token either way
         outs.append(model(input_ids=batch_ids, attention_mask=batch_mask, output_router_logits=True))
     short, long = outs
+    assert top_k_margin(short.router_logits, 2) > 1e-3
     real = mask.bool()
     torch.testing.assert_close(short.last_hidden_state[real], long.last_hidden_state[:, :6][real], atol=1e-5, rtol=0)
     assert torch.equal(short.expert_counts, long.expert_counts)
@@ -186,9 +190,11 @@ def test_padding_changes_no_real_output_and_no_loss():
 def test_concurrent_forward_passes_do_not_mix():
     model = CoMoeBertModel(tiny_comoe_config()).eval()
     randomize_lora_b(model)
+    sharpen_routers(model)
     batches = [torch.randint(5, 1000, (2, n)) for n in (4, 9, 6, 12)]
     with torch.no_grad():
         expected = [model(input_ids=b).expert_counts for b in batches]
+        assert min(top_k_margin(model(input_ids=b, output_router_logits=True).router_logits, 2) for b in batches) > 1e-3
     results = [None] * len(batches)
 
     def run(i):
