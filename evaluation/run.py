@@ -84,6 +84,13 @@ TASKS = {
             samples_per_label=32,
         ),
         Task(
+            "SST2Classification (local)",
+            "classification",
+            "accuracy",
+            lambda r: D.labelled_texts(r / "classification/sst2", "train.tsv", "test.tsv"),
+            samples_per_label=32,
+        ),
+        Task(
             "Banking77Clustering (local)",
             "clustering",
             "v_measure",
