@@ -131,25 +131,37 @@ def summary(values: list[float], signed: bool = False) -> str:
     return mean if len(values) == 1 else f"{mean} ± {statistics.stdev(values):.2f}"
 
 
-def scores(run: dict, task_names: list[str]) -> dict[str, float]:
-    """A run's score per task, per task type (mean over its tasks) and on average."""
+def task_type_groups(task_names: list[str]) -> dict[str, list[str]]:
+    """The tasks of each task type, in order of first appearance."""
+    types = dict.fromkeys(TASKS[t].type for t in task_names)
+    return {kind: [t for t in task_names if TASKS[t].type == kind] for kind in types}
+
+
+def scores(run: dict, task_names: list[str], groups: dict[str, list[str]] | None = None) -> dict[str, float]:
+    """A run's score per task, per group of tasks (mean over its tasks; default: per task type) and on average."""
     row = {t: run[t]["main_score"] for t in task_names}
-    for kind in dict.fromkeys(TASKS[t].type for t in task_names):
-        row[kind] = statistics.mean(row[t] for t in task_names if TASKS[t].type == kind)
+    for name, members in (groups or task_type_groups(task_names)).items():
+        row[name] = statistics.mean(row[t] for t in members)
     row["average"] = statistics.mean(row[t] for t in task_names)
     return row
 
 
-def report(results: dict[str, dict[int, dict]], task_names: list[str], reference: str = "ic") -> str:
+def report(
+    results: dict[str, dict[int, dict]],
+    task_names: list[str],
+    reference: str = "ic",
+    groups: dict[str, list[str]] | None = None,
+) -> str:
     """Markdown for `results` (model -> seed -> scores; seed None for the untrained base): mean ± sd
-    over seeds per task, per task type and on average; then each model's per-seed difference to
-    `reference` (same seed, so same data order), mean ± sd over the seeds both have."""
-    types = list(dict.fromkeys(TASKS[t].type for t in task_names))
-    keys = task_names + types + ["average"]
-    columns = task_names + [f"{kind} (avg)" for kind in types] + ["average", "seeds"]
+    over seeds per task, per group of tasks (default: per task type) and on average; then each
+    model's per-seed difference to `reference` (same seed, so same data order), mean ± sd over the
+    seeds both have."""
+    groups = groups or task_type_groups(task_names)
+    keys = task_names + list(groups) + ["average"]
+    columns = task_names + [f"{name} (avg)" for name in groups] + ["average", "seeds"]
     lines = ["| model | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
     for name, runs in results.items():
-        rows = [scores(run, task_names) for run in runs.values()]
+        rows = [scores(run, task_names, groups) for run in runs.values()]
         lines.append(
             f"| {name} | " + " | ".join(summary([row[key] for row in rows]) for key in keys) + f" | {len(runs)} |"
         )
@@ -166,8 +178,8 @@ def report(results: dict[str, dict[int, dict]], task_names: list[str], reference
             seeds = sorted(set(results[name]) & set(results[reference]))
             deltas = [
                 {
-                    key: scores(results[name][seed], task_names)[key]
-                    - scores(results[reference][seed], task_names)[key]
+                    key: scores(results[name][seed], task_names, groups)[key]
+                    - scores(results[reference][seed], task_names, groups)[key]
                     for key in keys
                 }
                 for seed in seeds
@@ -177,9 +189,15 @@ def report(results: dict[str, dict[int, dict]], task_names: list[str], reference
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, results: dict[str, dict[int, dict]], task_names: list[str], reference: str = "ic") -> str:
+def write_report(
+    out: Path,
+    results: dict[str, dict[int, dict]],
+    task_names: list[str],
+    reference: str = "ic",
+    groups: dict[str, list[str]] | None = None,
+) -> str:
     """`report(results)` written to `out/report.md` and printed."""
-    text = report(results, task_names, reference)
+    text = report(results, task_names, reference, groups)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text(text)
     print(text, flush=True)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from experiments import prepare_data
+from experiments import comoe_vs_lora, prepare_data
 from experiments.mote_vs_ic import report, summary
 
 
@@ -177,3 +177,32 @@ def test_report_reference_variant(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--output", str(tmp_path), "--report-only", "--variants", "ic,mote", "--reference", "static"])
     assert "--reference must be one of the variants (ic,mote)" in capsys.readouterr().err
+
+
+def test_report_groups_tasks_by_domain():
+    names = ["STSBenchmark", "TwitterURLCorpus", "SST2Classification (local)"]
+    groups = comoe_vs_lora.domain_groups(names)
+    assert groups == {
+        "in-domain": ["STSBenchmark"],
+        "out-of-domain": ["TwitterURLCorpus", "SST2Classification (local)"],
+    }
+    run = {name: {"main_score": score} for name, score in zip(names, (80.0, 70.0, 60.0), strict=True)}
+    lines = report({"lora-r16": {0: run}}, names, "lora-r16", groups).strip().splitlines()
+    assert lines[0].endswith("| in-domain (avg) | out-of-domain (avg) | average | seeds |")
+    assert lines[2] == "| lora-r16 | 80.00 | 70.00 | 60.00 | 80.00 | 65.00 | 70.00 | 1 |"
+
+
+def test_comoe_experiment_variants_and_rank_matched_parameters(tmp_path):
+    """LoRA r = 66 has exactly CoMoE's trainable parameters (per linear 4·16·(384+384) + 4·384 = 66·768)."""
+    from convert.checkpoint import bundled_minilm_path
+
+    base = bundled_minilm_path()
+    counts = {v: comoe_vs_lora.trainable_parameters(v, base) for v in ("lora-r16", "lora-r66", "comoe")}
+    linears = 6 * 4
+    assert counts == {"lora-r16": linears * 16 * 768, "lora-r66": linears * 66 * 768, "comoe": linears * 50688}
+    assert comoe_vs_lora.variant_settings("comoe-l0.1") == {"arch": "comoe", "adapter": {"contrastive_loss_coef": 0.1}}
+    assert comoe_vs_lora.variant_settings("moe-lora")["adapter"]["contrastive_loss_coef"] == 0.0
+    with pytest.raises(ValueError, match="unknown variant 'gpt'"):
+        comoe_vs_lora.variant_settings("gpt")
+    with pytest.raises(SystemExit):
+        comoe_vs_lora.main(["--output", str(tmp_path), "--variants", "lora-r16,dora"])

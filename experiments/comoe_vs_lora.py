@@ -1,0 +1,193 @@
+"""CoMoE-PEFT against LoRA and MoE-LoRA at this machine's scale (issue 11, experiment).
+
+    python -m experiments.comoe_vs_lora --output models/comoe-experiment --seeds 0,1,2
+
+From the bundled all-MiniLM-L6-v2 with MoTE's four prompts (the MoTE experiment's `ic-base`), on
+the MoTE experiment's data, steps and seeds (`experiments.prepare_data`, one epoch of TA-CL), with
+the base frozen and the adapters on query, key, value and attention.output.dense of every layer,
+it trains
+
+- `lora-r16`: peft LoRA, r = 16, alpha 32;
+- `lora-r66`: peft LoRA with as many trainable parameters as CoMoE (r = 66, alpha 132: the same
+  alpha / r = 2);
+- `moe-lora`: 4 LoRA experts of r = 16, top-2 routing per token, λ = 0;
+- `comoe`: the same with the contrastive expert loss, λ = 0.01;
+
+and, on `--sweep-seed` only, CoMoE with the other λ of `--sweep` (paper Figure 3; λ = 0 and 0.01
+are `moe-lora` and `comoe`). The learning rate is the paper's 2e-4 for every variant. It then
+evaluates every run and the untouched base on the suite (`evaluation.run`, SciFact left out by
+default: one SciFact evaluation costs more than a training run here), writes the expert usage of
+MoE-LoRA and CoMoE (`evaluation.expert_usage`) and a report: the scores split into in-domain tasks
+(their train split is in the training data) and out-of-domain ones, trainable parameters, and
+per-seed differences to `lora-r16`. As in `experiments.mote_vs_ic`, finished steps are skipped, and
+runs whose scores are in `OUTPUT/results/` are not retrained (`docs/experiment-comoe/results/` holds
+those reported in `docs/results.md`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import yaml
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from convert.checkpoint import bundled_minilm_path
+from evaluation.run import TASKS, select_tasks
+from experiments.mote_vs_ic import TRAINING, evaluate, prepare, run, saved_results, write_report
+from moe_embed_cli import run_cli
+
+logger = logging.getLogger("experiment")
+VARIANTS = {
+    "lora-r16": {"arch": "lora", "adapter": {"rank": 16, "lora_alpha": 32}},
+    "lora-r66": {"arch": "lora", "adapter": {"rank": 66, "lora_alpha": 132}},
+    "moe-lora": {"arch": "comoe", "adapter": {"contrastive_loss_coef": 0.0}},
+    "comoe": {"arch": "comoe", "adapter": {"contrastive_loss_coef": 0.01}},
+}
+ROUTED = ("moe-lora", "comoe")
+LEARNING_RATE = 2.0e-4  # the paper's (appendix D), for adapters
+# Tasks whose train split is in `experiments.prepare_data`'s rows: SciFact train claims (shared corpus),
+# the classification train splits (also the clustering tasks' texts), TREC train questions, SICK train
+# pairs (MTEB's SICK-R scores its train split too), STS12 and STS-B train pairs among the paraphrases.
+IN_DOMAIN = (
+    "STSBenchmark",
+    "SICK-R",
+    "SciFact",
+    "Banking77Classification",
+    "EmotionClassification",
+    "AmazonCounterfactualClassification",
+    "Banking77Clustering (local)",
+    "TRECClustering (local)",
+)
+DEFAULT_TASKS = [name for name in TASKS if name != "SciFact"]
+
+
+def variant_settings(name: str) -> dict:
+    """Training settings of a variant: one of `VARIANTS`, or `comoe-l<λ>` (CoMoE with that λ)."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    if name.startswith("comoe-l"):
+        return {"arch": "comoe", "adapter": {"contrastive_loss_coef": float(name.removeprefix("comoe-l"))}}
+    raise ValueError(f"unknown variant {name!r}")
+
+
+def train(out: Path, variant: str, seed: int, tasks: dict) -> Path:
+    """Train one variant for one seed from `ic-base`; returns its folder."""
+    folder = out / "runs" / f"{variant}-s{seed}"
+    if (folder / "config_sentence_transformers.json").exists():
+        return folder
+    settings = variant_settings(variant)
+    config = {
+        **TRAINING,
+        "learning_rate": LEARNING_RATE,
+        "seed": seed,
+        "output_dir": str(folder),
+        "tasks": tasks,
+        "model": str(out / "ic-base"),
+        "arch": settings["arch"],
+        "adapter": settings["adapter"],
+    }
+    path = out / "configs" / f"{folder.name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    run(["-m", "training.train", "--config", str(path)], out / "logs" / f"{folder.name}.log")
+    return folder
+
+
+def trainable_parameters(variant: str, base: Path) -> int:
+    """Trainable parameters of a variant, counted on the model itself (untrained)."""
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    settings = variant_settings(variant)
+    adapter = settings["adapter"]
+    torch.manual_seed(0)
+    if settings["arch"] == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model = AutoModel.from_config(AutoConfig.from_pretrained(base))
+        targets = r"encoder\.layer\.\d+\.(attention\.self\.(query|key|value)|attention\.output\.dense)"
+        model = get_peft_model(
+            model, LoraConfig(r=adapter["rank"], lora_alpha=adapter["lora_alpha"], target_modules=targets)
+        )
+    else:
+        from modeling.configuration_comoe import CoMoeBertConfig
+        from modeling.modeling_comoe import CoMoeBertModel
+
+        dense = AutoConfig.from_pretrained(base).to_dict()
+        dense = {k: v for k, v in dense.items() if k not in ("model_type", "architectures", "auto_map")}
+        model = CoMoeBertModel(CoMoeBertConfig(**dense))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def expert_usage(out: Path, name: str, model: Path, tasks: str) -> None:
+    """`evaluation.expert_usage` of a routed run: `OUTPUT/usage/NAME.json` and `.png`."""
+    result = out / "usage" / f"{name}.json"
+    if not result.exists():
+        result.parent.mkdir(parents=True, exist_ok=True)
+        command = ["-m", "evaluation.expert_usage", str(model), "--tasks", tasks, "--output", str(result)]
+        run(command + ["--plot", str(result.with_suffix(".png"))], out / "logs" / f"usage-{name}.log")
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", required=True, help="folder for data, models, logs, results and report.md")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    parser.add_argument("--sweep", default="0.001,0.1", help="extra λ values for CoMoE on --sweep-seed ('' for none)")
+    parser.add_argument("--sweep-seed", type=int, default=0, help="seed of the λ sweep (default 0)")
+    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="evaluation tasks (default: all but SciFact)")
+    parser.add_argument("--usage-tasks", default=",".join(DEFAULT_TASKS), help="tasks of the expert-usage tables")
+    parser.add_argument("--report-only", action="store_true", help="write report.md from OUTPUT/results only")
+    args = parser.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants or set(variants) - set(VARIANTS):
+        parser.error(f"--variants takes names from {','.join(VARIANTS)}, got {args.variants!r}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        sweep = [f"comoe-l{float(x):g}" for x in args.sweep.split(",") if x.strip()]
+        task_names = [task.name for task in select_tasks(args.tasks)]
+        select_tasks(args.usage_tasks)
+    except ValueError as error:
+        parser.error(str(error))
+    out = Path(args.output).resolve()
+    plan = [(v, s) for s in seeds for v in variants] + [(v, args.sweep_seed) for v in sweep]
+    runs = {"base": {None: "base"}}
+    for variant, seed in plan:
+        runs.setdefault(variant, {})[seed] = f"{variant}-s{seed}"
+    if not args.report_only:
+        tasks = prepare(out)
+        evaluate(out, "base", bundled_minilm_path(), ",".join(task_names))
+        for variant, seed in plan:  # seed 0 of every variant first, so a partial run compares them all
+            name = f"{variant}-s{seed}"
+            folder = out / "runs" / name
+            if not (out / "results" / f"{name}.json").exists():
+                folder = train(out, variant, seed, tasks)
+            evaluate(out, name, str(folder), ",".join(task_names))
+            if variant in ROUTED or variant in sweep:
+                if folder.is_dir():
+                    expert_usage(out, name, folder, args.usage_tasks)
+            write_report(out, saved_results(out, runs), task_names, "lora-r16", groups=domain_groups(task_names))
+    parameters = (
+        {v: trainable_parameters(v, out / "ic-base") for v in runs if v != "base"} if (out / "ic-base").is_dir() else {}
+    )
+    (out / "parameters.json").write_text(json.dumps(parameters, indent=2) + "\n")
+    return write_report(out, saved_results(out, runs), task_names, "lora-r16", groups=domain_groups(task_names))
+
+
+def domain_groups(task_names: list[str]) -> dict[str, list[str]]:
+    """The averages the report shows: in-domain tasks, out-of-domain tasks."""
+    groups = {
+        "in-domain": [t for t in task_names if t in IN_DOMAIN],
+        "out-of-domain": [t for t in task_names if t not in IN_DOMAIN],
+    }
+    return {name: tasks for name, tasks in groups.items() if tasks}
+
+
+if __name__ == "__main__":
+    run_cli(main)
