@@ -165,9 +165,10 @@ def contrastive_expert_loss(
 
 def top_k_gates(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`(weights, index)` of the top-k experts per token: the router's softmax, renormalised over the
-    chosen experts to sum to 1 (paper eq. 3). `router_logits` is `(tokens, E)`."""
-    weights, index = torch.topk(torch.softmax(router_logits, dim=-1), top_k, dim=-1)
-    return weights / weights.sum(dim=-1, keepdim=True), index
+    chosen experts to sum to 1 (paper eq. 3), computed as the softmax of the k largest logits (the same
+    numbers, without a softmax over all experts). `router_logits` is `(tokens, E)`."""
+    logits, index = torch.topk(router_logits, top_k, dim=-1)
+    return torch.softmax(logits, dim=-1), index
 
 
 class CoMoeRouter(nn.Module):
@@ -223,24 +224,27 @@ class CoMoeLinear(nn.Module):
             flat = flat.index_select(0, token_index)
         logits, weights, index = self.route(flat)
         codes = self.expert_codes(flat)
+        # (tokens, E): gate × alpha / r for the chosen experts, zero for the others
         gates = torch.zeros(codes.shape[:2], dtype=codes.dtype, device=codes.device)
-        gates = gates.scatter(1, index, weights.to(codes.dtype))  # (tokens, E), zero for unchosen experts
-        if routing is not None and routing.contrastive:
-            outputs = self.expert_outputs(codes)  # every expert, for the loss
-            delta = torch.bmm(gates.unsqueeze(1), outputs).squeeze(1)
+        gates = gates.scatter(1, index, (weights * self.scaling).to(codes.dtype))
+        if routing is not None and routing.contrastive:  # every expert's output, for the loss only
             anchor = torch.randint(self.top_k, (flat.shape[0],), device=flat.device)
+            representations = expert_representations(codes, self.expert_outputs(codes))
             context.aux.contrastive_losses.append(
-                contrastive_expert_loss(expert_representations(codes, outputs), index, anchor, self.tau, self.eps)
+                contrastive_expert_loss(representations, index, anchor, self.tau, self.eps)
             )
-        else:  # the chosen experts only: gated codes times the stacked B
-            flat_b = self.lora_B.transpose(1, 2).reshape(self.num_experts * self.rank, self.out_features)
-            delta = (codes * gates.unsqueeze(-1)).flatten(1) @ flat_b * self.scaling
         if context is not None:
             context.aux.router_logits.append(logits)
             context.aux.expert_counts.append(torch.bincount(index.reshape(-1), minlength=self.num_experts))
+        # Σ_i gate_i · B_i (A_i x): the gated codes times the stacked B, one matmul added into the output
+        gated = (codes * gates.unsqueeze(-1)).flatten(1).to(output.dtype)
+        flat_b = self.lora_B.transpose(1, 2).reshape(self.num_experts * self.rank, self.out_features)
+        flat_output = output.view(-1, self.out_features)
         if token_index is None:
-            return output + delta.view_as(output)
-        return output.reshape(-1, self.out_features).index_add(0, token_index, delta).view_as(output)
+            flat_output.addmm_(gated, flat_b.to(output.dtype))
+        else:
+            flat_output.index_add_(0, token_index, gated @ flat_b.to(output.dtype))
+        return output
 
 
 class CoMoeLayer(EncoderLayer):
