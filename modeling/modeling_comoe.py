@@ -10,8 +10,9 @@ router's softmax renormalised over them (paper eq. 3):
     y = W x + b + Σ_{i ∈ top-k(x)} g_i(x) · (alpha / r) · B_i A_i x
 
 The forward is two matmuls whatever the routing: every expert's rank-r code `A_i x` at once
-(`(tokens, E·r)`), then the gated codes times the stacked `B`. In training with λ > 0 every expert's
-output is computed as well, for the contrastive expert loss (Algorithm 1, `contrastive_expert_loss`).
+(`(tokens, E·r)`), then the gated codes times the stacked `B`, added into the base output. In
+training with λ > 0 every pair of experts is compared as well, for the contrastive expert loss
+(Algorithm 1, `expert_similarities`, `contrastive_expert_loss`).
 
 Which tokens are padding, and where the linears report their router logits and losses, reach the
 linears through a context variable set by `CoMoeLayer.forward` for the duration of one layer's
@@ -115,45 +116,56 @@ class _LayerContext:
 _LAYER_CONTEXT: contextvars.ContextVar = contextvars.ContextVar("comoe_layer_context", default=None)
 
 
-def unit_vectors(vectors: torch.Tensor) -> torch.Tensor:
-    """`v / sqrt(|v|² + 1e-12)` along the last dimension, in fp32: the unit vector, and 0 (with a
-    finite gradient) for a zero vector, where `v / |v|` is undefined."""
-    vectors = vectors.float()
-    return vectors * torch.rsqrt(vectors.square().sum(dim=-1, keepdim=True) + 1e-12)
+def cosine_from_gram(gram: torch.Tensor) -> torch.Tensor:
+    """Cosines `G_ij / sqrt((G_ii + 1e-12)(G_jj + 1e-12))` from Gram matrices `(..., n, n)`: those of
+    the unit vectors `v / sqrt(|v|² + 1e-12)`, so 0 (with a finite gradient) for a zero vector."""
+    norms = torch.rsqrt(torch.diagonal(gram, dim1=-2, dim2=-1).clamp_min(0) + 1e-12)
+    return gram * norms.unsqueeze(-1) * norms.unsqueeze(-2)
 
 
-def expert_representations(codes: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
-    """The vectors the contrastive loss compares: each expert's rank-r code `A_i x` and its output
-    `B_i A_i x`, each made a unit vector, concatenated and scaled by 1/√2, `(tokens, E, r + out)`.
+def expert_similarities(codes: torch.Tensor, lora_b: torch.Tensor) -> torch.Tensor:
+    """`(tokens, E, E)`: for each pair of experts, the mean of the cosine of their rank-r codes `A_i x`
+    and the cosine of their outputs `B_i A_i x`: the similarity the contrastive loss compares.
 
-    The cosine of two such vectors is the mean of the codes' cosine and the outputs' cosine. With
-    `B = 0` (upcycled) every output is zero, its half contributes 0 and no gradient, and the codes
-    (A is random) carry the loss from step 0; as the B_i move away from 0 the outputs' half
-    becomes the paper's comparison of expert outputs. See docs/architecture.md.
+    It equals the dot product of the vectors `[unit(A_i x), unit(B_i A_i x)] / √2`. With `B = 0`
+    (upcycled) every output is zero, the outputs' cosine is 0 with no gradient, and the codes (A is
+    random) carry the loss from step 0; as the B_i move away from 0 the outputs' half becomes the
+    paper's comparison of expert outputs (see docs/architecture.md). The outputs' dot products come
+    from the Gram matrix of the stacked B (`c_i^T B_i^T B_j c_j`), so the `(tokens, E, out)` outputs
+    are never formed: a few hundred numbers per token instead of `E · out`.
+
+    Args:
+        codes: `(tokens, E, r)` every expert's code.
+        lora_b: `(E, out, r)` the stacked B.
     """
-    return torch.cat([unit_vectors(codes), unit_vectors(outputs)], dim=-1) * math.sqrt(0.5)
+    codes = codes.float()
+    num_experts, out_features, rank = lora_b.shape
+    flat_b = lora_b.float().transpose(0, 1).reshape(out_features, num_experts * rank)
+    b_gram = (flat_b.T @ flat_b).view(num_experts, rank, num_experts, rank)  # B_i^T B_j blocks
+    output_gram = torch.einsum("tjb,iajb,tia->tij", codes, b_gram, codes)
+    code_gram = codes @ codes.transpose(1, 2)
+    return 0.5 * (cosine_from_gram(code_gram) + cosine_from_gram(output_gram))
 
 
 def contrastive_expert_loss(
-    representations: torch.Tensor, top_k_index: torch.Tensor, anchor_slot: torch.Tensor, tau: float, eps: float
+    similarities: torch.Tensor, top_k_index: torch.Tensor, anchor_slot: torch.Tensor, tau: float, eps: float
 ) -> torch.Tensor:
     """The contrastive expert loss (paper, Algorithm 1) averaged over tokens.
 
     For token t the anchor is the expert `top_k_index[t, anchor_slot[t]]`, the positives are its other
-    activated experts and the negatives the inactivated ones; with `s` the anchor's dot products
-    with them divided by `tau`, the loss is `-log(Σ exp(s_pos) / (Σ exp([s_pos, s_neg]) + eps))`.
+    activated experts and the negatives the inactivated ones; with `s` the anchor's similarities to
+    them divided by `tau`, the loss is `-log(Σ exp(s_pos) / (Σ exp([s_pos, s_neg]) + eps))`.
 
     Args:
-        representations: `(tokens, E, D)` unit vectors (`expert_representations`).
+        similarities: `(tokens, E, E)` cosine similarities between experts (`expert_similarities`).
         top_k_index: `(tokens, k)` activated experts, `k >= 2`.
         anchor_slot: `(tokens,)` position in `0..k-1` of each token's anchor.
     """
-    num_tokens, num_experts, dim = representations.shape
+    num_tokens, num_experts, _ = similarities.shape
     if num_tokens == 0:
-        return representations.sum() * 0.0
+        return similarities.sum() * 0.0
     anchor = top_k_index.gather(1, anchor_slot.unsqueeze(1))  # (tokens, 1)
-    query = representations.gather(1, anchor.unsqueeze(-1).expand(-1, -1, dim)).squeeze(1)  # (tokens, D)
-    scores = torch.einsum("td,ted->te", query, representations) / tau
+    scores = similarities.gather(1, anchor.unsqueeze(-1).expand(-1, -1, num_experts)).squeeze(1) / tau
     others = torch.ones_like(scores, dtype=torch.bool).scatter(1, anchor, False)
     positive = torch.zeros_like(others).scatter(1, top_k_index, True) & others
     log_positive = torch.logsumexp(scores.masked_fill(~positive, float("-inf")), dim=1)
@@ -227,11 +239,11 @@ class CoMoeLinear(nn.Module):
         # (tokens, E): gate × alpha / r for the chosen experts, zero for the others
         gates = torch.zeros(codes.shape[:2], dtype=codes.dtype, device=codes.device)
         gates = gates.scatter(1, index, (weights * self.scaling).to(codes.dtype))
-        if routing is not None and routing.contrastive:  # every expert's output, for the loss only
+        if routing is not None and routing.contrastive:  # every expert compared, for the loss only
             anchor = torch.randint(self.top_k, (flat.shape[0],), device=flat.device)
-            representations = expert_representations(codes, self.expert_outputs(codes))
+            similarities = expert_similarities(codes, self.lora_B)
             context.aux.contrastive_losses.append(
-                contrastive_expert_loss(representations, index, anchor, self.tau, self.eps)
+                contrastive_expert_loss(similarities, index, anchor, self.tau, self.eps)
             )
         if context is not None:
             context.aux.router_logits.append(logits)
@@ -561,6 +573,6 @@ __all__ = [
     "CoMoeRouting",
     "contrastive_expert_loss",
     "top_k_gates",
-    "expert_representations",
+    "expert_similarities",
     "is_adapter_key",
 ]

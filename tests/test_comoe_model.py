@@ -12,8 +12,13 @@ from modeling.modeling_comoe import (
     CoMoeBertModel,
     CoMoeLinear,
     contrastive_expert_loss,
-    expert_representations,
+    expert_similarities,
 )
+
+
+def gram(reps):
+    """Pairwise dot products `(tokens, E, E)` of unit representations: the loss's similarities."""
+    return reps @ reps.transpose(1, 2)
 
 
 def direct_loss(reps, index, slots, tau, eps):
@@ -35,11 +40,11 @@ def test_contrastive_loss_equals_a_direct_computation():
     index = torch.tensor([[0, 2], [3, 1], [1, 2]])
     slots = torch.tensor([0, 1, 1])  # anchors: experts 0, 1, 2
     for tau, eps in [(0.07, 1e-3), (1.0, 0.0), (0.5, 0.1)]:
-        got = contrastive_expert_loss(reps, index, slots, tau, eps).item()
+        got = contrastive_expert_loss(gram(reps), index, slots, tau, eps).item()
         assert got == pytest.approx(direct_loss(reps, index, slots, tau, eps), rel=1e-5)
     # k = E: no negatives, the loss is -log(Σpos / (Σpos + ε)) > 0 only through ε
     full = torch.tensor([[0, 1, 2, 3]] * 3)
-    got = contrastive_expert_loss(reps, full, torch.tensor([0, 2, 3]), 0.1, 1e-3).item()
+    got = contrastive_expert_loss(gram(reps), full, torch.tensor([0, 2, 3]), 0.1, 1e-3).item()
     expected = direct_loss(reps, full, torch.tensor([0, 2, 3]), 0.1, 1e-3)
     assert 0 < expected < 1e-3 and got == pytest.approx(expected, abs=1e-7)  # fp32: a difference of two logs
 
@@ -48,7 +53,7 @@ def test_identical_experts_give_the_loss_of_indistinguishable_experts():
     # all representations equal: every score is 1/τ, loss = log((E - 1) / (k - 1)) up to ε
     reps = torch.nn.functional.normalize(torch.ones(5, 4, 3), dim=-1)
     index = torch.tensor([[0, 1]] * 5)
-    got = contrastive_expert_loss(reps, index, torch.zeros(5, dtype=torch.long), 0.5, 0.0).item()
+    got = contrastive_expert_loss(gram(reps), index, torch.zeros(5, dtype=torch.long), 0.5, 0.0).item()
     assert got == pytest.approx(math.log(3 / 1), rel=1e-6)
 
 
@@ -146,13 +151,27 @@ def test_loss_and_gradients_are_finite_at_step_zero_and_move_the_experts():
     assert all(p.grad.abs().sum() > 0 for name, p in model.named_parameters() if name.endswith("lora_B"))
 
 
-def test_expert_representations_are_unit_vectors_and_zero_outputs_contribute_nothing():
-    codes, outputs = torch.randn(5, 4, 3), torch.zeros(5, 4, 7)
-    reps = expert_representations(codes, outputs)
-    assert reps.shape == (5, 4, 10)
-    torch.testing.assert_close(reps.norm(dim=-1), torch.full((5, 4), math.sqrt(0.5)))
-    outputs = torch.randn(5, 4, 7)
-    torch.testing.assert_close(expert_representations(codes, outputs).norm(dim=-1), torch.ones(5, 4))
+def direct_representations(codes, lora_b):
+    """Each expert's code and output made unit vectors (0 for a zero vector), concatenated, / √2."""
+
+    def unit(v):
+        norms = v.norm(dim=-1, keepdim=True)
+        return torch.where(norms > 0, v / norms.clamp_min(1e-30), torch.zeros_like(v))
+
+    outputs = torch.stack([codes[:, e] @ lora_b[e].T for e in range(lora_b.shape[0])], dim=1)
+    return torch.cat([unit(codes), unit(outputs)], dim=-1) / math.sqrt(2)
+
+
+def test_expert_similarities_are_cosines_of_codes_and_outputs_and_zero_outputs_count_zero():
+    generator = torch.Generator().manual_seed(4)
+    codes, lora_b = torch.randn(5, 4, 3, generator=generator), torch.randn(4, 7, 3, generator=generator)
+    got = expert_similarities(codes, lora_b)
+    torch.testing.assert_close(got, gram(direct_representations(codes, lora_b)), atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.diagonal(got, dim1=1, dim2=2), torch.ones(5, 4))
+    zero_b = torch.zeros_like(lora_b)  # upcycled: outputs zero, only the codes' cosine (halved) remains
+    got = expert_similarities(codes, zero_b)
+    torch.testing.assert_close(got, gram(direct_representations(codes, zero_b)), atol=1e-6, rtol=0)
+    torch.testing.assert_close(torch.diagonal(got, dim1=1, dim2=2), torch.full((5, 4), 0.5))
 
 
 def test_lambda_zero_gives_no_contrastive_gradient():
