@@ -173,11 +173,49 @@ def main(argv: list[str] | None = None) -> str:
                 if folder.is_dir():
                     expert_usage(out, name, folder, args.usage_tasks)
             write_report(out, saved_results(out, runs), task_names, "lora-r16", groups=domain_groups(task_names))
-    parameters = (
-        {v: trainable_parameters(v, out / "ic-base") for v in runs if v != "base"} if (out / "ic-base").is_dir() else {}
+    text = write_report(out, saved_results(out, runs), task_names, "lora-r16", groups=domain_groups(task_names))
+    base = out / "ic-base" if (out / "ic-base").is_dir() else bundled_minilm_path()
+    parameters = {variant: trainable_parameters(variant, base) for variant in runs if variant != "base"}
+    extra = (
+        "\nTrainable parameters:\n\n| run | trainable |\n|---|---:|\n"
+        + "".join(f"| {variant} | {count:,} |\n" for variant, count in parameters.items())
+        + usage_report(out)
     )
-    (out / "parameters.json").write_text(json.dumps(parameters, indent=2) + "\n")
-    return write_report(out, saved_results(out, runs), task_names, "lora-r16", groups=domain_groups(task_names))
+    with open(out / "report.md", "a") as handle:
+        handle.write(extra)
+    print(extra, flush=True)
+    return text + extra
+
+
+def usage_report(out: Path) -> str:
+    """Markdown over `OUTPUT/usage/*.json`: per run and layer, the mean pairwise cosine of expert
+    outputs, and the most-used expert's share of the routing (mean over tasks, and its range over
+    tasks: how much the routing depends on the task)."""
+    usages = {path.stem: json.loads(path.read_text()) for path in sorted((out / "usage").glob("*.json"))}
+    if not usages:
+        return ""
+    layers = [row["layer"] for row in next(iter(next(iter(usages.values())).values()))]
+    lines = []
+    for title, cell in (
+        ("Mean pairwise cosine between expert outputs (mean over tasks)", _mean_cosine),
+        ("Share of the most-used expert, % (mean over tasks, min-max over tasks)", _top_share),
+    ):
+        lines += ["", f"{title}:", "", "| run | " + " | ".join(f"layer {x}" for x in layers) + " |"]
+        lines.append("|---|" + "---:|" * len(layers))
+        lines += [
+            f"| {name} | " + " | ".join(cell(u, i) for i in range(len(layers))) + " |" for name, u in usages.items()
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _mean_cosine(usage: dict, layer: int) -> str:
+    values = [rows[layer]["cosine"] for rows in usage.values() if rows[layer]["cosine"] is not None]
+    return f"{sum(values) / len(values):.3f}" if values else "—"
+
+
+def _top_share(usage: dict, layer: int) -> str:
+    values = [100 * max(rows[layer]["shares"]) for rows in usage.values()]
+    return f"{sum(values) / len(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
 def domain_groups(task_names: list[str]) -> dict[str, list[str]]:

@@ -206,3 +206,19 @@ def test_comoe_experiment_variants_and_rank_matched_parameters(tmp_path):
         comoe_vs_lora.variant_settings("gpt")
     with pytest.raises(SystemExit):
         comoe_vs_lora.main(["--output", str(tmp_path), "--variants", "lora-r16,dora"])
+
+
+def test_usage_report_averages_over_tasks(tmp_path):
+    def rows(cosines, top):
+        return [
+            {"layer": layer, "shares": [top, 1 - top, 0, 0], "cosine": cosine, "tokens": 10}
+            for layer, cosine in enumerate(cosines)
+        ]
+
+    (tmp_path / "usage").mkdir()
+    usage = {"STSBenchmark": rows([0.2, None], 0.5), "TRECClustering (local)": rows([0.4, None], 0.7)}
+    (tmp_path / "usage" / "comoe-s0.json").write_text(json.dumps(usage))
+    lines = comoe_vs_lora.usage_report(tmp_path).strip().splitlines()
+    assert "| comoe-s0 | 0.300 | — |" in lines
+    assert "| comoe-s0 | 60.0 (50.0-70.0) | 60.0 (50.0-70.0) |" in lines
+    assert comoe_vs_lora.usage_report(tmp_path / "nothing") == ""
