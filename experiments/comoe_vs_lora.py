@@ -19,9 +19,9 @@ evaluates every run and the untouched base on the suite (`evaluation.run`, SciFa
 default: one SciFact evaluation costs more than a training run here), writes the expert usage of
 MoE-LoRA and CoMoE (`evaluation.expert_usage`) and a report: the scores split into in-domain tasks
 (their train split is in the training data) and out-of-domain ones, trainable parameters, and
-per-seed differences to `lora-r16`. As in `experiments.mote_vs_ic`, finished steps are skipped, and
-runs whose scores are in `OUTPUT/results/` are not retrained (`docs/experiment-comoe/results/` holds
-those reported in `docs/results.md`).
+per-seed differences to `--reference` (default `lora-r16`). As in `experiments.mote_vs_ic`,
+finished steps are skipped, and runs whose scores are in `OUTPUT/results/` are not retrained
+(`docs/experiment-comoe/results/` holds those reported in `docs/results.md`).
 """
 
 from __future__ import annotations
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="evaluation tasks (default: all but SciFact)")
     parser.add_argument("--usage-tasks", default=",".join(DEFAULT_TASKS), help="tasks of the expert-usage tables")
     parser.add_argument("--report-only", action="store_true", help="write report.md from OUTPUT/results only")
+    parser.add_argument("--reference", default="lora-r16", help="run the per-seed differences are taken to")
     args = parser.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not variants or set(variants) - set(VARIANTS):
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> str:
         select_tasks(args.usage_tasks)
     except ValueError as error:
         parser.error(str(error))
+    if args.reference not in [*variants, *sweep]:
+        parser.error(f"--reference must be one of the runs ({','.join([*variants, *sweep])}), got {args.reference!r}")
     out = Path(args.output).resolve()
     plan = [(v, s) for s in seeds for v in variants] + [(v, args.sweep_seed) for v in sweep]
     runs = {"base": {None: "base"}}
@@ -172,8 +175,8 @@ def main(argv: list[str] | None = None) -> str:
             if variant in ROUTED or variant in sweep:
                 if folder.is_dir():
                     expert_usage(out, name, folder, args.usage_tasks)
-            write_report(out, saved_results(out, runs), task_names, "lora-r16", groups=domain_groups(task_names))
-    text = write_report(out, saved_results(out, runs), task_names, "lora-r16", groups=domain_groups(task_names))
+            write_report(out, saved_results(out, runs), task_names, args.reference, groups=domain_groups(task_names))
+    text = write_report(out, saved_results(out, runs), task_names, args.reference, groups=domain_groups(task_names))
     base = out / "ic-base" if (out / "ic-base").is_dir() else bundled_minilm_path()
     parameters = {variant: trainable_parameters(variant, base) for variant in runs if variant != "base"}
     extra = (
