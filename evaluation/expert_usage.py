@@ -86,15 +86,13 @@ def mean_pairwise_cosine(outputs):
     tokens where some expert's output is zero (cosine undefined) are left out."""
     import torch
 
+    from modeling.modeling_comoe import cosine_from_gram
+
     outputs = outputs.float()
-    norms = outputs.norm(dim=-1)
-    defined = (norms > 0).all(dim=1)
-    units = outputs[defined] / norms[defined].unsqueeze(-1)
-    num_experts = outputs.shape[1]
-    gram = units @ units.transpose(1, 2)  # (tokens, E, E)
-    pairs = torch.triu_indices(num_experts, num_experts, offset=1)
-    per_token = gram[:, pairs[0], pairs[1]].mean(dim=1)
-    return per_token.sum().item(), int(defined.sum())
+    defined = outputs.norm(dim=-1).gt(0).all(dim=1)
+    cosines = cosine_from_gram(outputs[defined] @ outputs[defined].transpose(1, 2))  # (tokens, E, E)
+    pairs = torch.triu_indices(outputs.shape[1], outputs.shape[1], offset=1)
+    return cosines[:, pairs[0], pairs[1]].mean(dim=1).sum().item(), int(defined.sum())
 
 
 def task_texts(task: Task, root: Path, model, max_texts: int, seed: int) -> list[str]:
@@ -142,7 +140,7 @@ def expert_usage(model, texts: list[str], batch_size: int = 32) -> list[dict]:
                     output_router_logits=True,
                 )
                 for i, (site, logits) in enumerate(zip(sites, out.router_logits, strict=True)):
-                    chosen = torch.topk(torch.softmax(logits.float(), dim=-1), top_k, dim=-1).indices
+                    chosen = torch.topk(logits, top_k, dim=-1).indices  # the softmax keeps the order
                     counts[i] += torch.bincount(chosen.reshape(-1), minlength=num_experts)
                     inputs = captured.pop(i)
                     if inputs.dim() == 3:  # a CoMoE linear sees the padded batch: keep the real tokens

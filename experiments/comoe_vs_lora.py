@@ -100,28 +100,33 @@ def train(out: Path, variant: str, seed: int, tasks: dict) -> Path:
 
 
 def trainable_parameters(variant: str, base: Path) -> int:
-    """Trainable parameters of a variant, counted on the model itself (untrained)."""
-    import torch
+    """Trainable parameters of a variant, counted on the model the training CLI builds (untrained)."""
     from transformers import AutoConfig, AutoModel
 
-    settings = variant_settings(variant)
-    adapter = settings["adapter"]
-    torch.manual_seed(0)
-    if settings["arch"] == "lora":
-        from peft import LoraConfig, get_peft_model
+    from convert.checkpoint import ENCODER_FIELDS
+    from training.config import AdapterConfig
+    from training.train import lora_config
 
-        model = AutoModel.from_config(AutoConfig.from_pretrained(base))
-        targets = r"encoder\.layer\.\d+\.(attention\.self\.(query|key|value)|attention\.output\.dense)"
-        model = get_peft_model(
-            model, LoraConfig(r=adapter["rank"], lora_alpha=adapter["lora_alpha"], target_modules=targets)
-        )
+    settings = variant_settings(variant)
+    adapter = AdapterConfig(**settings["adapter"])
+    dense = AutoConfig.from_pretrained(base)
+    if settings["arch"] == "lora":
+        from peft import get_peft_model
+
+        model = get_peft_model(AutoModel.from_config(dense), lora_config(adapter, dense.num_hidden_layers))
     else:
         from modeling.configuration_comoe import CoMoeBertConfig
         from modeling.modeling_comoe import CoMoeBertModel
 
-        dense = AutoConfig.from_pretrained(base).to_dict()
-        dense = {k: v for k, v in dense.items() if k not in ("model_type", "architectures", "auto_map")}
-        model = CoMoeBertModel(CoMoeBertConfig(**dense))
+        config = CoMoeBertConfig(
+            **{field: getattr(dense, field) for field in ENCODER_FIELDS if hasattr(dense, field)},
+            num_local_experts=adapter.num_experts,
+            num_experts_per_tok=adapter.experts_per_token,
+            lora_rank=adapter.rank,
+            target_modules=adapter.target_modules,
+            adapter_layers=adapter.layers,
+        )
+        model = CoMoeBertModel(config)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 

@@ -244,3 +244,12 @@ def test_prompts_follow_the_task_type(mote_dir):
     assert prompt_for(model, "retrieval", "query") == "search_query: "
     assert prompt_for(model, "retrieval", "document") == "search_document: "
     assert prompt_for(model, "sts") == "classification: " and prompt_for(model, "clustering") == "clustering: "
+
+
+def test_sst2_task_reads_the_sentence_test_split_and_phrase_train_split():
+    from evaluation import data as D
+
+    data = TASKS["SST2Classification (local)"].load(D.data_dir(None))  # the shared data itself
+    assert len(data.test_texts) == 1821 and len(data.train_texts) == 67349  # the data README's counts
+    assert set(data.test_labels) == set(data.train_labels) == {"0", "1"}
+    assert TASKS["SST2Classification (local)"].type == "classification"

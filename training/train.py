@@ -151,30 +151,36 @@ def upcycle_comoe(config: TrainingConfig, base: Path, folder: Path) -> str:
     return str(folder)
 
 
-def add_lora(model, adapter: AdapterConfig, seed: int) -> None:
-    """Wrap the model's transformer in peft LoRA adapters on `adapter`'s target modules and layers."""
-    import torch
-    from peft import LoraConfig, get_peft_model
+def lora_config(adapter: AdapterConfig, num_layers: int):
+    """peft's `LoraConfig` for `adapter`: exactly the linears a CoMoE model with these options adapts."""
+    from peft import LoraConfig
 
     from modeling.configuration_comoe import resolve_target_modules
     from modeling.configuration_encoder import resolve_layer_indices
 
-    transformer = model[0].auto_model
     try:
         targets = resolve_target_modules(adapter.target_modules)
-        layers = resolve_layer_indices(adapter.layers, transformer.config.num_hidden_layers, "adapter.layers")
+        layers = resolve_layer_indices(adapter.layers, num_layers, "adapter.layers")
     except ValueError as error:
         raise UsageError(str(error)) from None
-    torch.manual_seed(seed)  # the LoRA A init
-    # exactly the linears a CoMoE model with these options adapts: a full-name pattern
     pattern = rf"encoder\.layer\.({'|'.join(map(str, layers))})\.({'|'.join(re.escape(t) for t in targets)})"
-    lora = LoraConfig(
+    return LoraConfig(
         r=adapter.rank,
         lora_alpha=adapter.lora_alpha,
         lora_dropout=adapter.lora_dropout,
         target_modules=pattern,
         bias="none",
     )
+
+
+def add_lora(model, adapter: AdapterConfig, seed: int) -> None:
+    """Wrap the model's transformer in peft LoRA adapters on `adapter`'s target modules and layers."""
+    import torch
+    from peft import get_peft_model
+
+    transformer = model[0].auto_model
+    lora = lora_config(adapter, transformer.config.num_hidden_layers)
+    torch.manual_seed(seed)  # the LoRA A init
     model[0].model = get_peft_model(transformer, lora)  # `auto_model` is a read-only alias of `model`
 
 
