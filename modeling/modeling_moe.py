@@ -20,9 +20,10 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.integrations import use_experts_implementation
 from transformers.modeling_outputs import BaseModelOutputWithPooling
+from transformers.utils.output_capturing import OutputRecorder
 
 from .configuration_moe import MoeBertConfig
-from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel
+from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention
 
 
 @dataclass
@@ -72,21 +73,32 @@ def router_z_loss(router_logits: torch.Tensor) -> torch.Tensor:
 
 
 class MoeBertRouter(nn.Module):
-    """`Linear(hidden, num_local_experts, bias=False)`, computed in fp32."""
+    """`Linear(hidden, num_local_experts, bias=False)` in fp32, softmax, top-`top_k` (renormalised when
+    `norm_topk_prob`): `(router_logits, top_k_weights, top_k_index)`.
+
+    The interface of transformers' `*TopKRouter` classes (OLMoE, Qwen-MoE, Mixtral, ...): `top_k` is read
+    at every forward, so tools that reallocate experts (`aea.py`) treat this encoder like those models.
+    """
 
     def __init__(self, config: MoeBertConfig):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size))
         self.jitter_noise = config.router_jitter_noise
+        self.top_k = config.num_experts_per_tok
+        self.norm_topk_prob = config.norm_topk_prob
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor):
         # fp32 even under autocast (bf16 training), where a plain linear would be recast.
         with torch.autocast(device_type=hidden_states.device.type, enabled=False):
             hidden_states = hidden_states.float()
             if self.training and self.jitter_noise > 0:
                 noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
                 hidden_states = hidden_states * noise
-            return nn.functional.linear(hidden_states, self.weight.float())  # (tokens, experts)
+            router_logits = nn.functional.linear(hidden_states, self.weight.float())  # (tokens, experts)
+            weights, selected = torch.topk(torch.softmax(router_logits, dim=-1), self.top_k, dim=-1)
+            if self.norm_topk_prob:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+        return router_logits, weights, selected
 
 
 @use_experts_implementation(has_gate=False, has_bias=True)
@@ -136,20 +148,15 @@ class MoeBertExperts(nn.Module):
 
 
 class MoeBertSparseBlock(nn.Module):
-    """Router, top-k selection and experts: `(tokens, hidden) -> (tokens, hidden), router logits`."""
+    """Router and experts: `(tokens, hidden) -> (tokens, hidden), router logits`."""
 
     def __init__(self, config: MoeBertConfig):
         super().__init__()
         self.router = MoeBertRouter(config)
         self.experts = MoeBertExperts(config)
-        self.top_k = config.num_experts_per_tok
-        self.norm_topk_prob = config.norm_topk_prob
 
     def forward(self, hidden_states: torch.Tensor):
-        router_logits = self.router(hidden_states)  # (tokens, experts), fp32
-        weights, selected = torch.topk(torch.softmax(router_logits, dim=-1), self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        router_logits, weights, selected = self.router(hidden_states)  # fp32
         return self.experts(hidden_states, selected, weights.to(hidden_states.dtype)), router_logits
 
 
@@ -189,6 +196,12 @@ class MoeBertPreTrainedModel(EncoderPreTrainedModel):
 
     config_class = MoeBertConfig
     _no_split_modules = ["EncoderEmbeddings", "EncoderLayer", "MoeBertLayer"]
+    # The modules whose outputs hold router logits and attention probabilities, named as transformers'
+    # MoE models name theirs, so that tools built on that interface (`aea.py`) find them.
+    _can_record_outputs = {
+        "router_logits": OutputRecorder(MoeBertRouter, index=0),
+        "attentions": OutputRecorder(EncoderSelfAttention, index=1),
+    }
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -298,3 +298,77 @@ def run_script(script: str, *args: str, timeout: int = 300) -> subprocess.Comple
 
 def read_json(path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+# transformers' MoE families AEA supports, as tiny random models (built in milliseconds), plus this
+# package's token-routed encoder under the name of its model type.
+AEA_FAMILIES = ("olmoe", "qwen2_moe", "qwen3_moe", "mixtral", "granitemoe", "deepseek_v2", "deepseek_v3", "moe_bert")
+_DEEPSEEK = dict(
+    n_routed_experts=8,
+    moe_intermediate_size=24,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    num_key_value_heads=4,
+    kv_lora_rank=16,
+    q_lora_rank=None,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=8,
+    n_group=4,
+    topk_group=2,
+)
+_TINY_FAMILY = {
+    "olmoe": dict(num_experts=8),
+    "qwen2_moe": dict(num_experts=8, moe_intermediate_size=24, shared_expert_intermediate_size=32, mlp_only_layers=[0]),
+    "qwen3_moe": dict(num_experts=8, moe_intermediate_size=24, mlp_only_layers=[0], head_dim=8, norm_topk_prob=True),
+    "mixtral": dict(num_local_experts=8),
+    "granitemoe": dict(num_local_experts=8),
+    "deepseek_v2": dict(_DEEPSEEK, topk_method="group_limited_greedy"),
+    "deepseek_v3": _DEEPSEEK,
+}
+
+
+def tiny_family_model(family: str, experts_implementation: str = "eager", **overrides):
+    """A tiny random model of an MoE family (4 layers, 8 experts, top-2, eager attention) with routers of
+    std 0.5, so that top-k choices are far from ties, and experts of std 0.2, so that they matter next to
+    the residual stream. Same weights for the same family and arguments."""
+    from transformers import AutoConfig, AutoModel
+
+    from modeling.modeling_moe import MoeBertModel
+
+    torch.manual_seed(0)
+    kwargs = dict(num_experts_per_tok=2)
+    if family == "moe_bert":
+        kwargs.update(num_local_experts=8, moe_layers="every_other", vocab_size=128)
+        kwargs.update(overrides)
+        model = MoeBertModel._from_config(
+            tiny_moe_config(**kwargs), attn_implementation="eager", experts_implementation=experts_implementation
+        )
+    else:
+        kwargs.update(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            eos_token_id=1,
+            bos_token_id=2,
+        )
+        kwargs.update(_TINY_FAMILY[family])
+        kwargs.update(overrides)
+        config = AutoConfig.for_model(family, **kwargs)
+        model = AutoModel.from_config(
+            config, attn_implementation="eager", experts_implementation=experts_implementation
+        )
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "top_k") and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
+                module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * 0.5)
+        for name, param in model.named_parameters():
+            if ".experts." in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    return model.eval()
