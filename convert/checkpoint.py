@@ -82,7 +82,7 @@ def resolve_source(path_or_id: str | None) -> Path:
         return Path(
             snapshot_download(
                 path_or_id,
-                allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "1_Pooling/*", "2_Normalize/*"],
+                allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.py", "1_Pooling/*", "2_Normalize/*"],
             )
         )
     except Exception as error:  # offline, unknown repo, gated: all mean "cannot use this source"

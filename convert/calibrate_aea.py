@@ -1,0 +1,382 @@
+"""Calibrate AEA (adaptive expert allocation) for a trained MoE model and write a folder that embeds with it.
+
+    python convert/calibrate_aea.py allenai/OLMoE-1B-7B-0924 --output models/olmoe-aea --alpha 6
+    python convert/calibrate_aea.py models/moe-tacl --output models/moe-tacl-aea --search
+    python convert/calibrate_aea.py models/moe-tacl --output models/moe-tacl-hs --allocation none --exit-layer 6
+
+The expert homogeneity of every MoE layer (mean pairwise cosine of all experts' outputs for the final
+real token) is measured once on the calibration texts (default: the STS-B dev sentences), turned into
+per-layer expert counts (`--alpha`, `--shift`, `--exit-layer`; the budget of the layers after the exit
+layer goes to the kept ones), and stored with the prompt template, pooling and per-token rule in
+`aea_config.json`. `SentenceTransformer(OUTPUT, trust_remote_code=True).encode(texts)` then embeds with
+AEA applied. `--search` picks `--alpha` and `--exit-layer` by Spearman correlation on the STS-B dev pairs.
+Supported: transformers' OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral, GraniteMoE, DeepSeek-V2/V3 and this
+package's token-routed MoE encoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as `python convert/calibrate_aea.py`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+
+from convert.cards import PLACEHOLDER_OWNER
+from convert.checkpoint import (
+    atomic_output_dir,
+    copy_modeling_files,
+    read_json,
+    refuse_overlap,
+    resolve_source,
+    write_json,
+)
+from convert.merge_experts import read_calibration
+from moe_embed_cli import UsageError, run_cli
+
+logger = logging.getLogger("calibrate_aea")
+
+PROMPT_EOL = 'This sentence : "[TEXT]" means in one word:"'
+ALLOCATIONS = ("both", "layer", "token", "none")
+DEFAULT_ALPHAS = "0,1,2,3,4,5,6,7,8,9,10"
+
+
+def load_model(source: Path):
+    """`(model, tokenizer)` of a supported MoE folder, with eager attention (token-wise allocation reads
+    attention probabilities) and eval mode."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from modeling.aea import find_moe_layers
+
+    try:
+        model = AutoModel.from_pretrained(str(source), trust_remote_code=True, attn_implementation="eager")
+    except (OSError, ValueError, KeyError) as error:
+        raise UsageError(f"cannot load a model from {source}: {str(error).splitlines()[0]}") from None
+    try:
+        find_moe_layers(model)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    tokenizer = AutoTokenizer.from_pretrained(str(source), trust_remote_code=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.eval(), tokenizer
+
+
+def default_template(source: Path, causal: bool) -> str:
+    """PromptEOL for decoders; for encoders the source's `classification` prompt (the one this package's
+    evaluation uses for similarity) in front of the text, or the bare text."""
+    if causal:
+        return PROMPT_EOL
+    st_config = source / "config_sentence_transformers.json"
+    prompts = (read_json(st_config).get("prompts") or {}) if st_config.is_file() else {}
+    return prompts.get("classification", "") + "[TEXT]"
+
+
+def sts_dev(data: str | None):
+    """The STS-B dev pairs of `../shared/data`: `(sentences1, sentences2, scores)`."""
+    from evaluation.data import data_dir, sts_pairs
+
+    root = data_dir(data) / "sts" / "stsb"
+    if not (root / "dev.tsv").is_file():
+        raise UsageError(f"{root / 'dev.tsv'} not found: pass --data-dir DIR or --calibration FILE")
+    pairs = sts_pairs(root, ["dev.tsv"])
+    return pairs.sentences1, pairs.sentences2, pairs.scores
+
+
+def batches(tokenizer, texts: list[str], template: str, batch_size: int, max_length: int):
+    """`(input_ids, attention_mask)` batches of the templated texts, in order."""
+    for start in range(0, len(texts), batch_size):
+        chunk = [template.replace("[TEXT]", text) for text in texts[start : start + batch_size]]
+        encoded = tokenizer(chunk, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        yield encoded["input_ids"], encoded["attention_mask"]
+
+
+@torch.no_grad()
+def embed(controller, tokenizer, texts, template, pooling, embedding, batch_size=64, max_length=256) -> torch.Tensor:
+    """Sentence embeddings of `texts` with the allocation of `controller` (as the saved folder computes them)."""
+    from modeling.aea import sentence_embedding
+
+    out = []
+    with controller.apply():
+        for input_ids, attention_mask in batches(tokenizer, texts, template, batch_size, max_length):
+            output = controller(input_ids, attention_mask, output_routing_probs=embedding != "hidden")
+            out.append(sentence_embedding(output, attention_mask, pooling, embedding))
+    return torch.cat(out)
+
+
+def layer_allocation(allocation, homogeneity, layers, alpha, shift, exit_layer):
+    """`(layer_top_k, unspent)` for an `--allocation` mode: the homogeneity rule for `both` / `layer`,
+    the model's own k up to the exit layer otherwise."""
+    from modeling.aea import allocate_layers
+
+    top_k = next(h.router.top_k for h in layers if h.router is not None)
+    if allocation in ("both", "layer"):
+        caps = [h.cap if h.router is not None else None for h in layers]
+        try:
+            return allocate_layers(homogeneity, top_k, caps, alpha=alpha, shift=shift, exit_layer=exit_layer)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    return [None if h.router is None else (h.router.top_k if i < exit_layer else 0) for i, h in enumerate(layers)], 0
+
+
+def spearman(model, tokenizer, pairs, settings) -> float:
+    """Spearman correlation (x100) of the cosine similarities on `pairs` under `settings`."""
+    from scipy.stats import spearmanr
+
+    from modeling.aea import AdaptiveExpertAllocation
+
+    sentences1, sentences2, scores = pairs
+    controller = AdaptiveExpertAllocation(
+        model,
+        layer_top_k=settings["layer_top_k"],
+        token_wise=settings["token_wise"],
+        rounding=settings["rounding"],
+        exit_layer=settings["exit_layer"],
+    )
+    args = (settings["prompt_template"], settings["pooling"], settings["embedding"])
+    first = embed(controller, tokenizer, sentences1, *args)
+    second = embed(controller, tokenizer, sentences2, *args)
+    cosines = torch.nn.functional.cosine_similarity(first, second).numpy()
+    return 100 * float(spearmanr(cosines, scores).statistic)
+
+
+def parse_values(text: str, kind, option: str) -> list:
+    try:
+        values = [kind(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise UsageError(f"{option} expects comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UsageError(f"{option} is empty")
+    return values
+
+
+def print_table(homogeneity, original, layer_top_k) -> None:
+    print("layer  homogeneity  k (model)  k (AEA)")
+    for index, (s, k0, k) in enumerate(zip(homogeneity, original, layer_top_k, strict=True)):
+        if s is None:
+            print(f"{index:>5}  {'dense':>11}  {'-':>9}  {'-':>7}")
+        else:
+            print(f"{index:>5}  {s:>11.4f}  {k0:>9}  {k:>7}")
+
+
+def plot(path: Path, homogeneity, layer_top_k, title: str) -> None:
+    """Bar charts of the homogeneity and of the expert count per layer (paper Figures 2 and 6)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = [i for i, s in enumerate(homogeneity) if s is not None]
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(max(5, 0.4 * len(layers) + 2), 5), sharex=True)
+    top.bar(layers, [homogeneity[i] for i in layers], color="tab:blue")
+    top.set_ylabel("homogeneity")
+    top.set_title(title)
+    bottom.bar(layers, [layer_top_k[i] for i in layers], color="tab:orange")
+    bottom.set_ylabel("experts per token")
+    bottom.set_xlabel("layer")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def write_folder(target: Path, model, tokenizer, settings: dict, source_name: str, repo_id: str) -> None:
+    """Model weights, tokenizer, `aea_config.json`, the Sentence-Transformers module files and the card."""
+    import sentence_transformers
+    import transformers
+
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    write_json(target / "aea_config.json", settings)
+    copy_modeling_files(target, ["aea.py", "st_aea.py"])
+    write_json(target / "modules.json", [{"idx": 0, "name": "0", "path": "", "type": "st_aea.AeaTransformer"}])
+    write_json(target / "sentence_bert_config.json", {"transformer_task": "feature-extraction"})
+    write_json(
+        target / "config_sentence_transformers.json",
+        {
+            "model_type": "SentenceTransformer",
+            "__version__": {
+                "sentence_transformers": sentence_transformers.__version__,
+                "transformers": transformers.__version__,
+                "pytorch": torch.__version__.split("+")[0],
+            },
+            "prompts": {},
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        },
+    )
+    render_aea_card(target, settings, source_name, repo_id)
+
+
+def render_aea_card(target: Path, settings: dict, source_name: str, repo_id: str) -> None:
+    from huggingface_hub import ModelCard, ModelCardData
+
+    template = Path(__file__).resolve().parent.parent / "hub_cards" / "aea.md"
+    is_hub_id = not Path(source_name).exists() and source_name.count("/") == 1
+    card_data = ModelCardData(
+        library_name="sentence-transformers",
+        pipeline_tag="sentence-similarity",
+        tags=["sentence-transformers", "feature-extraction", "mixture-of-experts", "aea", "moe-embed"],
+        base_model=source_name if is_hub_id else None,
+    )
+    rows = [
+        (i, s, k0, k)
+        for i, (s, k0, k) in enumerate(
+            zip(settings["homogeneity"], settings["model_top_k"], settings["layer_top_k"], strict=True)
+        )
+    ]
+    card = ModelCard.from_template(
+        card_data,
+        template_path=str(template),
+        model_name=repo_id.split("/")[-1],
+        repo_id=repo_id,
+        source_name=source_name,
+        settings=settings,
+        rows=rows,
+    )
+    card.save(str(target / "README.md"))
+
+
+def calibrate(args) -> Path:
+    from modeling.aea import EMBEDDINGS, find_moe_layers, measure_homogeneity
+
+    if args.alpha < 0:
+        raise UsageError(f"--alpha must be >= 0, got {args.alpha}")
+    if args.embedding not in EMBEDDINGS:
+        raise UsageError(f"--embedding must be one of {', '.join(EMBEDDINGS)}")
+    output = Path(args.output)
+    if output.exists() and not args.overwrite:
+        raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
+    source = resolve_source(args.model)
+    refuse_overlap(source, output)
+    texts = read_calibration(Path(args.calibration)) if args.calibration else None
+    dev = sts_dev(args.data_dir) if args.search or texts is None else None
+    if texts is None:
+        texts = list(dict.fromkeys(dev[0] + dev[1]))  # the STS-B dev sentences, each once
+    model, tokenizer = load_model(source)
+    _, layers = find_moe_layers(model)
+    num_layers = len(layers)
+    causal = bool(getattr(layers[0].attention, "is_causal", False))
+    exit_layer = args.exit_layer if args.exit_layer is not None else (num_layers - 1 if causal else num_layers)
+    if not 1 <= exit_layer <= num_layers:
+        raise UsageError(f"--exit-layer must lie in 1..{num_layers} (the model's layers), got {exit_layer}")
+    if not any(h.router is not None for h in layers[:exit_layer]):
+        raise UsageError(f"no MoE layer among the first {exit_layer} layers; choose a later --exit-layer")
+    if len({h.router.top_k for h in layers if h.router is not None}) > 1:
+        raise UsageError("the model's MoE layers use different top-k; AEA's budget assumes one k for all")
+    template = args.prompt if args.prompt is not None else default_template(source, causal)
+    if "[TEXT]" not in template:
+        raise UsageError(f"--prompt must contain [TEXT] where the text goes, got {template!r}")
+    pooling = args.pooling or ("last" if causal else "mean")
+
+    logger.info("measuring expert homogeneity on %d calibration texts", len(texts))
+    homogeneity = measure_homogeneity(model, batches(tokenizer, texts, template, args.batch_size, args.max_length))
+    settings = {
+        "allocation": args.allocation,
+        "token_wise": args.allocation in ("both", "token"),
+        "rounding": args.rounding,
+        "alpha": args.alpha,
+        "shift": args.shift,
+        "exit_layer": exit_layer,
+        "prompt_template": template,
+        "pooling": pooling,
+        "embedding": args.embedding,
+    }
+
+    def with_allocation(alpha, exit_at):
+        layer_top_k, unspent = layer_allocation(args.allocation, homogeneity, layers, alpha, args.shift, exit_at)
+        return {**settings, "alpha": alpha, "exit_layer": exit_at, "layer_top_k": layer_top_k}, unspent
+
+    if args.search:
+        alphas = parse_values(args.alphas, float, "--alphas") if args.allocation in ("both", "layer") else [args.alpha]
+        exits = parse_values(args.exit_layers, int, "--exit-layers") if args.exit_layers else None
+        exits = exits or [m for m in range(num_layers - 3, num_layers + 1) if m >= 1]
+        for m in exits:
+            if not 1 <= m <= num_layers:
+                raise UsageError(f"--exit-layers: {m} is outside 1..{num_layers}")
+        candidates = [(alpha, m) for alpha in alphas for m in exits if any(h.router is not None for h in layers[:m])]
+        scores = {}
+        for alpha, m in candidates:
+            candidate, _ = with_allocation(alpha, m)
+            scores[(alpha, m)] = spearman(model, tokenizer, dev, candidate)
+            print(f"search: alpha {alpha:g}, exit layer {m}: STS-B dev Spearman {scores[(alpha, m)]:.2f}")
+        best = max(candidates, key=lambda key: (scores[key], -key[0], key[1]))
+        print(f"search: chose alpha {best[0]:g}, exit layer {best[1]} ({scores[best]:.2f} on STS-B dev)")
+        settings, unspent = with_allocation(*best)
+        settings["search"] = {f"alpha={a:g},exit={m}": round(score, 4) for (a, m), score in scores.items()}
+    else:
+        settings, unspent = with_allocation(args.alpha, exit_layer)
+    model_top_k = [h.router.top_k if h.router is not None else None for h in layers]
+    settings.update(
+        homogeneity=homogeneity,
+        model_top_k=model_top_k,
+        unspent_budget=unspent,
+        calibration=args.calibration or "STS-B dev sentences",
+        calibration_texts=len(texts),
+    )
+    print_table(homogeneity, model_top_k, settings["layer_top_k"])
+    if unspent:
+        print(f"every kept layer is at its cap: {unspent} of the budget's expert slots stay unspent")
+
+    with atomic_output_dir(output, args.overwrite) as target:
+        write_folder(target, model, tokenizer, settings, args.model, f"{PLACEHOLDER_OWNER}/{output.name}")
+        plot(target / "aea_allocation.png", homogeneity, settings["layer_top_k"], f"AEA allocation of {args.model}")
+    logger.info("wrote %s", output)
+    return output
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    parser.add_argument("model", help="a supported MoE model: local folder or Hub id")
+    parser.add_argument("--output", required=True, help="folder to write (refused if it exists, unless --overwrite)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
+    parser.add_argument("--calibration", help="text file, one text per line (default: the STS-B dev sentences)")
+    parser.add_argument(
+        "--allocation",
+        choices=ALLOCATIONS,
+        default="both",
+        help="both: layer- and token-wise (AEA); layer / token: one of them; none: the unmodified model with "
+        "the same prompt, pooling and exit layer (the baseline)",
+    )
+    parser.add_argument("--alpha", type=float, default=1.0, help="scaling α of (shift - s_l)^α (default 1)")
+    parser.add_argument(
+        "--shift", type=float, default=1.0, help="c in (c - s_l)^α: 1 is the paper's rule, 0.1 its Qwen variant"
+    )
+    parser.add_argument(
+        "--exit-layer",
+        type=int,
+        help="number of layers whose output is embedded, 1..L (default L-1 for decoders, L for encoders)",
+    )
+    parser.add_argument(
+        "--rounding",
+        choices=("floor", "largest-remainder"),
+        default="floor",
+        help="per-token counts: the paper's floor, or largest remainder (spends each layer's budget exactly)",
+    )
+    parser.add_argument(
+        "--embedding",
+        default="hidden",
+        help="hidden: the pooled hidden state; moee-concat / moee-sum: MoEE with the routing weights",
+    )
+    parser.add_argument("--prompt", help="template with [TEXT] (default PromptEOL for decoders, the text for encoders)")
+    parser.add_argument("--pooling", choices=("last", "mean"), help="default last for decoders, mean for encoders")
+    parser.add_argument("--search", action="store_true", help="choose --alpha and --exit-layer on the STS-B dev pairs")
+    parser.add_argument("--alphas", default=DEFAULT_ALPHAS, help=f"--search grid of α (default {DEFAULT_ALPHAS})")
+    parser.add_argument("--exit-layers", help="--search grid of exit layers (default the last four)")
+    parser.add_argument("--data-dir", help="the shared data folder (default ../shared/data or $MOE_EMBED_DATA)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-length", type=int, default=256, help="truncate texts to this many tokens")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> Path:
+    return calibrate(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    run_cli(main)
