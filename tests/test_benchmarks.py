@@ -35,6 +35,9 @@ def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
     moe = run_repo_script("benchmarks/bench_moe.py", *quick, "--model", moe_dir, capsys=capsys)
     row = moe.strip().splitlines()[-1]
     assert row.startswith("| 2 | 16 |") and row.count("|") == 9
+    aea = run_repo_script("benchmarks/bench_aea.py", *quick, "--calibration-texts", "4", capsys=capsys)
+    rows = [line for line in aea.splitlines() if line.startswith("| MoE MiniLM |") or line.startswith("| OLMoE")]
+    assert len(rows) == 4 and rows[0].startswith("| MoE MiniLM | 2 | 16 |") and "calibration" in rows[1]
 
 
 @pytest.mark.slow

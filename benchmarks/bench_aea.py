@@ -1,0 +1,126 @@
+"""Encode throughput of AEA against the unmodified model, in the same run; and the calibration time.
+
+    python benchmarks/bench_aea.py                       # batch 1, 32, 128 x 32 and 128 tokens
+    python benchmarks/bench_aea.py --batch-sizes 32 --seq-lens 32 --repeats 3
+
+Two models: the bundled MiniLM upcycled to the token-routed MoE (8 experts, top-2, every other layer,
+expert noise 0.05 so that experts differ) and a small random OLMoE (8 layers, hidden 512, 16 experts,
+top-4). For each shape the script times, in interleaved rounds, the unmodified model's forward on its
+default attention (sdpa) and AEA's forward up to the default exit layer (L for the encoder, L-1 for
+the decoder) with layer-wise allocation (alpha 2) and token-wise allocation (floor, as in the paper),
+which needs eager attention; and layer-wise allocation alone, which keeps sdpa. It prints the median
+sequences/s and the ratio AEA / unmodified (target >= 0.90 at batch >= 32: the paper claims no added
+time). The calibration time is `measure_homogeneity` on 1,000 texts of 32 tokens, per 1,000 texts.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModel
+
+from benchmarks.common import prepare, time_forward, timing_parser
+from convert.checkpoint import bundled_minilm_path
+from convert.upcycle import main as upcycle
+from modeling.aea import AdaptiveExpertAllocation, allocate_layers, find_moe_layers, measure_homogeneity
+
+OLMOE = dict(
+    vocab_size=32000,
+    hidden_size=512,
+    intermediate_size=256,
+    num_hidden_layers=8,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    num_experts=16,
+    num_experts_per_tok=4,
+    max_position_embeddings=512,
+)
+
+
+def moe_encoder(folder: Path, attention: str):
+    return AutoModel.from_pretrained(str(folder), trust_remote_code=True, attn_implementation=attention).eval()
+
+
+def small_olmoe(attention: str):
+    torch.manual_seed(0)
+    model = AutoModel.from_config(AutoConfig.for_model("olmoe", **OLMOE), attn_implementation=attention)
+    return model.eval()
+
+
+def calibration_batches(vocab_size: int, texts: int, seq_len: int, batch_size: int = 50):
+    generator = torch.Generator().manual_seed(0)
+    for start in range(0, texts, batch_size):
+        ids = torch.randint(1000, vocab_size, (min(batch_size, texts - start), seq_len), generator=generator)
+        yield ids, torch.ones_like(ids)
+
+
+def controllers(eager_model, sdpa_model, exit_layer: int, texts: int):
+    """`{name: controller}`: AEA (layer- and token-wise, eager) and layer-wise only (sdpa)."""
+    start = time.perf_counter()
+    homogeneity = measure_homogeneity(sdpa_model, calibration_batches(sdpa_model.config.vocab_size, texts, 32))
+    calibration_seconds = time.perf_counter() - start
+    _, layers = find_moe_layers(sdpa_model)
+    top_k = next(h.router.top_k for h in layers if h.router is not None)
+    caps = [h.cap if h.router is not None else None for h in layers]
+    layer_top_k, _ = allocate_layers(homogeneity, top_k, caps, alpha=2.0, exit_layer=exit_layer)
+    return calibration_seconds, {
+        "AEA": AdaptiveExpertAllocation(eager_model, layer_top_k, token_wise=True, exit_layer=exit_layer),
+        "AEA layer-wise": AdaptiveExpertAllocation(sdpa_model, layer_top_k, exit_layer=exit_layer),
+    }
+
+
+def bench_model(name, sdpa_model, eager_model, exit_layer, shapes, args) -> list[str]:
+    calibration_seconds, variants = controllers(eager_model, sdpa_model, exit_layer, args.calibration_texts)
+    rows = []
+    for batch_size, seq_len in tqdm(shapes, desc=name, unit="shape"):
+        generator = torch.Generator().manual_seed(1)
+        ids = torch.randint(1000, sdpa_model.config.vocab_size, (batch_size, seq_len), generator=generator)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        timings = {key: [] for key in ["unmodified", *variants]}
+        for _ in range(args.repeats):
+            timings["unmodified"].append(time_forward(sdpa_model, batch, args.min_time))
+            for key, controller in variants.items():
+                with controller.apply():
+                    timings[key].append(time_forward(controller, batch, args.min_time))
+        base = statistics.median(timings["unmodified"])
+        cells = [
+            f"{statistics.median(timings[key]):.1f} ({statistics.median(timings[key]) / base:.2f})" for key in variants
+        ]
+        rows.append(f"| {name} | {batch_size} | {seq_len} | {base:.1f} | " + " | ".join(cells) + " |")
+    per_1000 = calibration_seconds * 1000 / args.calibration_texts
+    rows.append(f"| {name} | calibration | 32 | {per_1000:.1f} s per 1,000 texts | | |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = timing_parser(__doc__.split("\n\n")[0], "ignored: the two models are built by the script")
+    parser.set_defaults(seq_lens="32,128")
+    parser.add_argument("--calibration-texts", type=int, default=1000, help="texts to time the calibration on")
+    args = parser.parse_args(argv)
+    shapes = prepare(args)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "moe"
+        upcycle(["--base", bundled_minilm_path(), "--arch", "moe", "--expert-noise", "0.05", "--output", str(folder)])
+        encoder = moe_encoder(folder, "sdpa")
+        rows += bench_model("MoE MiniLM", encoder, moe_encoder(folder, "eager"), 6, shapes, args)
+    decoder = small_olmoe("sdpa")
+    eager_decoder = small_olmoe("eager")
+    eager_decoder.load_state_dict(decoder.state_dict())
+    rows += bench_model("OLMoE 8x512", decoder, eager_decoder, OLMOE["num_hidden_layers"] - 1, shapes, args)
+    print("| model | batch | tokens | unmodified (seq/s) | AEA (seq/s, ratio) | AEA layer-wise (seq/s, ratio) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
