@@ -164,8 +164,13 @@ def print_table(homogeneity, original, layer_top_k) -> None:
 
 
 def plot(path: Path, homogeneity, layer_top_k, title: str) -> None:
-    """Bar charts of the homogeneity and of the expert count per layer (paper Figures 2 and 6)."""
-    import matplotlib
+    """Bar charts of the homogeneity and of the expert count per layer (paper Figures 2 and 6), when
+    matplotlib (the `analysis` extra) is installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        logger.info("matplotlib is not installed (pip install moe-embed[analysis]): no allocation chart")
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
