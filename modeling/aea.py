@@ -98,7 +98,8 @@ def allocate_layers(
     if not any(weights.values()):
         raise ValueError(
             f"shift {shift} is not above any kept layer's homogeneity (max {max(homogeneity[i] for i in kept):.3f}): "
-            "every layer would get the same weight 0"
+            "every layer would get the weight 0 (identical experts, as in an untrained upcycled model, "
+            "have homogeneity 1)"
         )
     spendable = min(budget, sum(caps[layer] for layer in kept))
 
