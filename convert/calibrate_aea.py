@@ -26,7 +26,7 @@ if __package__ in (None, ""):  # run as `python convert/calibrate_aea.py`
 
 import torch
 
-from convert.cards import PLACEHOLDER_OWNER
+from convert.cards import PLACEHOLDER_OWNER, looks_like_hub_id
 from convert.checkpoint import (
     atomic_output_dir,
     copy_modeling_files,
@@ -34,6 +34,7 @@ from convert.checkpoint import (
     refuse_overlap,
     resolve_source,
     write_json,
+    write_st_model_config,
 )
 from convert.merge_experts import read_calibration
 from moe_embed_cli import UsageError, run_cli
@@ -190,29 +191,13 @@ def plot(path: Path, homogeneity, layer_top_k, title: str) -> None:
 
 def write_folder(target: Path, model, tokenizer, settings: dict, source_name: str, repo_id: str) -> None:
     """Model weights, tokenizer, `aea_config.json`, the Sentence-Transformers module files and the card."""
-    import sentence_transformers
-    import transformers
-
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     write_json(target / "aea_config.json", settings)
     copy_modeling_files(target, ["aea.py", "st_aea.py"])
     write_json(target / "modules.json", [{"idx": 0, "name": "0", "path": "", "type": "st_aea.AeaTransformer"}])
     write_json(target / "sentence_bert_config.json", {"transformer_task": "feature-extraction"})
-    write_json(
-        target / "config_sentence_transformers.json",
-        {
-            "model_type": "SentenceTransformer",
-            "__version__": {
-                "sentence_transformers": sentence_transformers.__version__,
-                "transformers": transformers.__version__,
-                "pytorch": torch.__version__.split("+")[0],
-            },
-            "prompts": {},
-            "default_prompt_name": None,
-            "similarity_fn_name": "cosine",
-        },
-    )
+    write_st_model_config(target, prompts={})
     render_aea_card(target, settings, source_name, repo_id)
 
 
@@ -220,12 +205,11 @@ def render_aea_card(target: Path, settings: dict, source_name: str, repo_id: str
     from huggingface_hub import ModelCard, ModelCardData
 
     template = Path(__file__).resolve().parent.parent / "hub_cards" / "aea.md"
-    is_hub_id = not Path(source_name).exists() and source_name.count("/") == 1
     card_data = ModelCardData(
         library_name="sentence-transformers",
         pipeline_tag="sentence-similarity",
         tags=["sentence-transformers", "feature-extraction", "mixture-of-experts", "aea", "moe-embed"],
-        base_model=source_name if is_hub_id else None,
+        base_model=source_name if looks_like_hub_id(source_name) else None,
     )
     rows = [
         (i, s, k0, k)
@@ -253,7 +237,7 @@ def calibrate(args) -> Path:
     if args.embedding not in EMBEDDINGS:
         raise UsageError(f"--embedding must be one of {', '.join(EMBEDDINGS)}")
     output = Path(args.output)
-    if output.exists() and not args.overwrite:
+    if output.exists() and not args.overwrite:  # atomic_output_dir refuses too; this refuses before any loading
         raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
     source = resolve_source(args.model)
     refuse_overlap(source, output)

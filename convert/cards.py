@@ -70,6 +70,11 @@ def parameter_counts(config: dict, shapes: dict) -> tuple[int, int]:
     return total, total
 
 
+def looks_like_hub_id(name: str | None) -> bool:
+    """Whether a model name is a Hub id (`owner/name`) rather than a local folder."""
+    return bool(name) and not Path(name).exists() and "/" in name
+
+
 def render_card(folder: Path, repo_id: str, **kwargs) -> None:
     """Write `folder/README.md` for the model the folder holds (arguments as `build_card`)."""
     build_card(folder, repo_id, **kwargs).save(str(Path(folder) / "README.md"))
@@ -101,7 +106,7 @@ def build_card(
     total, active = parameter_counts(config, shapes)
     adapter_only = (folder / "adapter_config.json").is_file()  # an adapter-only CoMoE folder
     if base_is_hub_id is None:
-        base_is_hub_id = bool(base_model) and not Path(base_model).exists() and "/" in base_model
+        base_is_hub_id = looks_like_hub_id(base_model)
     kind_tags = {
         "mote_bert": ["mixture-of-experts", "mote"],
         "moe_bert": ["mixture-of-experts", "moe"],

@@ -331,9 +331,6 @@ def write_sentence_transformers_files(
     without `drop_module_keys`. Pooling and normalisation are copied from `source` when it is a
     Sentence-Transformers model, else mean pooling without normalisation.
     """
-    import sentence_transformers
-    import transformers
-
     modules = [{"idx": 0, "name": "0", "path": "", "type": st_module}]
     source_modules = read_json(source / "modules.json") if (source / "modules.json").exists() else None
     if source_modules:
@@ -356,6 +353,14 @@ def write_sentence_transformers_files(
     )
     st_config = {key: value for key, value in st_config.items() if key not in drop_module_keys}
     write_json(target / "sentence_bert_config.json", st_config)
+    write_st_model_config(target, prompts, default_prompt_name)
+
+
+def write_st_model_config(target: Path, prompts: dict[str, str], default_prompt_name: str | None = None) -> None:
+    """Write `config_sentence_transformers.json`: prompts, cosine similarity and the library versions."""
+    import sentence_transformers
+    import transformers
+
     write_json(
         target / "config_sentence_transformers.json",
         {

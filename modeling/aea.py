@@ -566,13 +566,10 @@ def measure_homogeneity(model: nn.Module, batches) -> list:
         def hook(module, args, kwargs):
             hidden = _experts_arguments(args, kwargs)[0]
             mask = state["mask"]
-            last = last_real_token(mask)
-            rows = torch.arange(mask.shape[0], device=mask.device)
-            if hidden.shape[0] == mask.numel():
-                flat = rows * mask.shape[1] + last
-            else:  # real tokens only, row-major: the last real token of row b is the cumulative count - 1
-                flat = mask.sum(dim=-1).cumsum(0) - 1
-            captured.setdefault(index, []).append(hidden.index_select(0, flat))
+            is_last = torch.zeros_like(mask, dtype=torch.bool)
+            is_last[torch.arange(mask.shape[0], device=mask.device), last_real_token(mask)] = True
+            rows = _flat_rows(is_last, mask, hidden.shape[0]).nonzero().squeeze(-1)  # in the layer's row layout
+            captured.setdefault(index, []).append(hidden.index_select(0, rows))
 
         return hook
 

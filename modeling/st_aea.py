@@ -13,7 +13,7 @@ import threading
 from sentence_transformers.models import Transformer
 from transformers.utils import cached_file
 
-from .aea import AdaptiveExpertAllocation, find_moe_layers, sentence_embedding
+from .aea import AdaptiveExpertAllocation, sentence_embedding
 
 AEA_CONFIG_NAME = "aea_config.json"
 
@@ -78,8 +78,7 @@ class AeaTransformer(Transformer):
         dimension = self.auto_model.config.hidden_size
         if self.aea_config["embedding"] == "hidden":
             return dimension
-        _, layers = find_moe_layers(self.auto_model)
-        ran = layers[: self.aea_config["exit_layer"]]
+        ran = self.allocation.layers[: self.allocation.exit_layer]
         return dimension + sum(handles.num_experts for handles in ran if handles.router is not None)
 
 

@@ -143,6 +143,31 @@ def test_each_token_computes_as_a_model_built_with_its_own_k(family, implementat
     torch.testing.assert_close(out[others], top1[others], atol=tolerance, rtol=0)
 
 
+@pytest.mark.parametrize("family", ("olmoe", "moe_bert"))
+def test_dropped_slots_never_reach_the_experts_and_exited_layers_never_run(family, monkeypatch):
+    """The experts get one row per kept (token, slot) only, and the layers after the exit layer do not run."""
+    model = tiny_family_model(family, "grouped_mm")
+    ids, mask = batch()
+    _, layers = find_moe_layers(model)
+    moe = [i for i, h in enumerate(layers) if h.router is not None]
+    rows, ran = {}, []
+    for i in moe:
+        # a forward hook sees the arguments forward got, after the controller's pre-hook
+        layers[i].experts.register_forward_hook(lambda m, args, out, i=i: rows.__setitem__(i, args[0].shape[0]))
+    for i, h in enumerate(layers):
+        h.layer.register_forward_hook(lambda m, a, out, i=i: ran.append(i))
+
+    def one_expert_per_token(strength, m, layer_k, cap, rounding="floor"):
+        counts = m.long()
+        counts[0, 0] = 2
+        return counts
+
+    monkeypatch.setattr(aea, "allocate_tokens", one_expert_per_token)
+    run_aea(model, ids, mask, token_wise=True, exit_layer=moe[0] + 1)
+    assert rows == {moe[0]: int(mask.sum()) + 1}  # every real token once, token (0, 0) twice; no padding
+    assert ran == list(range(moe[0] + 1))
+
+
 @pytest.mark.parametrize("family", AEA_FAMILIES)
 def test_hooks_are_removed_and_the_model_is_unchanged(family):
     model = tiny_family_model(family, "grouped_mm")
@@ -391,3 +416,21 @@ def test_homogeneity_of_identical_experts_is_one():
     assert [s if s is None else round(s, 5) for s in homogeneity] == [None, 1.0, None, 1.0]
     perturbed = tiny_family_model("moe_bert")
     assert all(s < 0.99 for s in measure_homogeneity(perturbed, [(ids, mask)]) if s is not None)
+
+
+@pytest.mark.parametrize("padding_side", ("left", "right"))
+@pytest.mark.parametrize("family", ("olmoe", "moe_bert"))
+def test_homogeneity_reads_each_texts_final_real_token(family, padding_side):
+    """In a padded batch the homogeneity equals the mean over the texts measured one at a time, where
+    the final real token is simply the last row (both row layouts: every token, real tokens only)."""
+    model = tiny_family_model(family)
+    ids, mask = batch(padding_side)
+    alone = [
+        measure_homogeneity(model, [(ids[row : row + 1, mask[row].bool()], mask[row : row + 1, mask[row].bool()])])
+        for row in range(ids.shape[0])
+    ]
+    batched = measure_homogeneity(model, [(ids, mask)])
+    for layer, value in enumerate(batched):
+        if value is None:
+            continue
+        assert value == pytest.approx(sum(a[layer] for a in alone) / len(alone), abs=1e-5)

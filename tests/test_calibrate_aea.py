@@ -146,8 +146,8 @@ def test_search_picks_alpha_and_exit_layer_on_dev_pairs(olmoe_dir, tmp_path, cap
     printed = capsys.readouterr().out
     config = read_config(output)
     assert len(config["search"]) == 4
-    best = max(config["search"].items(), key=lambda item: item[1])
-    assert best[0] == f"alpha={config['alpha']:g},exit={config['exit_layer']}"
+    chosen = config["search"][f"alpha={config['alpha']:g},exit={config['exit_layer']}"]
+    assert chosen == max(config["search"].values())  # the best dev score (ties may go either way)
     assert "chose alpha" in printed
 
 
