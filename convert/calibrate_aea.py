@@ -97,16 +97,23 @@ def batches(tokenizer, texts: list[str], template: str, batch_size: int, max_len
 
 
 @torch.no_grad()
-def embed(controller, tokenizer, texts, template, pooling, embedding, batch_size=64, max_length=256) -> torch.Tensor:
-    """Sentence embeddings of `texts` with the allocation of `controller` (as the saved folder computes them)."""
+def embed_kinds(controller, tokenizer, texts, template, pooling, kinds, batch_size=64, max_length=256) -> dict:
+    """`{kind: sentence embeddings of texts}` for each embedding kind of `kinds`, from one forward pass
+    with the allocation of `controller` (as the saved folder computes them)."""
     from modeling.aea import sentence_embedding
 
-    out = []
+    out = {kind: [] for kind in kinds}
     with controller.apply():
         for input_ids, attention_mask in batches(tokenizer, texts, template, batch_size, max_length):
-            output = controller(input_ids, attention_mask, output_routing_probs=embedding != "hidden")
-            out.append(sentence_embedding(output, attention_mask, pooling, embedding))
-    return torch.cat(out)
+            output = controller(input_ids, attention_mask, output_routing_probs=set(kinds) != {"hidden"})
+            for kind in kinds:
+                out[kind].append(sentence_embedding(output, attention_mask, pooling, kind))
+    return {kind: torch.cat(parts) for kind, parts in out.items()}
+
+
+def embed(controller, tokenizer, texts, template, pooling, embedding, batch_size=64, max_length=256) -> torch.Tensor:
+    """Sentence embeddings of `texts` of one embedding kind (see `embed_kinds`)."""
+    return embed_kinds(controller, tokenizer, texts, template, pooling, [embedding], batch_size, max_length)[embedding]
 
 
 def layer_allocation(allocation, homogeneity, layers, alpha, shift, exit_layer):
@@ -124,25 +131,42 @@ def layer_allocation(allocation, homogeneity, layers, alpha, shift, exit_layer):
     return [None if h.router is None else (h.router.top_k if i < exit_layer else 0) for i, h in enumerate(layers)], 0
 
 
-def spearman(model, tokenizer, pairs, settings) -> float:
-    """Spearman correlation (x100) of the cosine similarities on `pairs` under `settings`."""
-    from scipy.stats import spearmanr
-
+def controller_for(model, settings):
+    """The `AdaptiveExpertAllocation` of `settings` (an `aea_config.json` dict) on `model`."""
     from modeling.aea import AdaptiveExpertAllocation
 
-    sentences1, sentences2, scores = pairs
-    controller = AdaptiveExpertAllocation(
+    return AdaptiveExpertAllocation(
         model,
         layer_top_k=settings["layer_top_k"],
         token_wise=settings["token_wise"],
         rounding=settings["rounding"],
         exit_layer=settings["exit_layer"],
     )
-    args = (settings["prompt_template"], settings["pooling"], settings["embedding"])
-    first = embed(controller, tokenizer, sentences1, *args)
-    second = embed(controller, tokenizer, sentences2, *args)
+
+
+def pair_spearman(embeddings: torch.Tensor, index: dict, pairs) -> float:
+    """Spearman correlation (x100) of the cosine similarities of `pairs` (sentences1, sentences2, scores),
+    each sentence's embedding the row `index[sentence]` of `embeddings`."""
+    from scipy.stats import spearmanr
+
+    sentences1, sentences2, scores = pairs
+    first = embeddings[[index[s] for s in sentences1]]
+    second = embeddings[[index[s] for s in sentences2]]
     cosines = torch.nn.functional.cosine_similarity(first, second).numpy()
     return 100 * float(spearmanr(cosines, scores).statistic)
+
+
+def spearman(model, tokenizer, pairs, settings) -> float:
+    """Spearman correlation (x100) of the cosine similarities on `pairs` under `settings`."""
+    texts = list(dict.fromkeys(pairs[0] + pairs[1]))
+    args = (settings["prompt_template"], settings["pooling"], settings["embedding"])
+    embeddings = embed(controller_for(model, settings), tokenizer, texts, *args)
+    return pair_spearman(embeddings, {text: i for i, text in enumerate(texts)}, pairs)
+
+
+def pick(scores: dict) -> tuple:
+    """The best `(alpha, exit_layer)` of a search; ties go to the smaller α, then to the later exit."""
+    return max(scores, key=lambda key: (scores[key], -key[0], key[1]))
 
 
 def parse_values(text: str, kind, option: str) -> list:
@@ -287,12 +311,15 @@ def calibrate(args) -> Path:
             if not 1 <= m <= num_layers:
                 raise UsageError(f"--exit-layers: {m} is outside 1..{num_layers}")
         candidates = [(alpha, m) for alpha in alphas for m in exits if any(h.router is not None for h in layers[:m])]
-        scores = {}
+        scores, seen = {}, {}
         for alpha, m in candidates:
             candidate, _ = with_allocation(alpha, m)
-            scores[(alpha, m)] = spearman(model, tokenizer, dev, candidate)
+            key = (tuple(candidate["layer_top_k"]), m)  # α values that give the same allocation are scored once
+            if key not in seen:
+                seen[key] = spearman(model, tokenizer, dev, candidate)
+            scores[(alpha, m)] = seen[key]
             print(f"search: alpha {alpha:g}, exit layer {m}: STS-B dev Spearman {scores[(alpha, m)]:.2f}")
-        best = max(candidates, key=lambda key: (scores[key], -key[0], key[1]))
+        best = pick(scores)
         print(f"search: chose alpha {best[0]:g}, exit layer {best[1]} ({scores[best]:.2f} on STS-B dev)")
         settings, unspent = with_allocation(*best)
         settings["search"] = {f"alpha={a:g},exit={m}": round(score, 4) for (a, m), score in scores.items()}
