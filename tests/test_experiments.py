@@ -222,3 +222,29 @@ def test_usage_report_averages_over_tasks(tmp_path):
     assert "| comoe-s0 | 0.300 | — |" in lines
     assert "| comoe-s0 | 60.0 (50.0-70.0) | 60.0 (50.0-70.0) |" in lines
     assert comoe_vs_lora.usage_report(tmp_path / "nothing") == ""
+
+
+def test_aea_report_means_deltas_and_missing_seeds(tmp_path):
+    from experiments import aea_moe_encoder as A
+
+    def seed_result(offset):
+        variants = {}
+        for i, name in enumerate(["model", *A.VARIANTS]):
+            variants[name] = {"alpha": 2.0, "exit_layer": 6, "layer_top_k": [2] * 6, "dev": 80.0 + i + offset}
+            variants[name].update({"STSBenchmark": 70.0 + i + offset, "SICK-R": 60.0 + 2 * i - offset})
+        return {"homogeneity": {"upcycled": [0.5] * 6, "trained": [0.4 + offset / 10] * 6}, "variants": variants}
+
+    (tmp_path / "aea").mkdir()
+    for seed, offset in [(0, 0.0), (2, 1.0)]:
+        (tmp_path / "aea" / f"s{seed}.json").write_text(json.dumps(seed_result(offset)))
+    text = A.main(["--output", str(tmp_path), "--report-only", "--seeds", "0,1,2"])
+    assert text == (tmp_path / "report.md").read_text() and text.startswith("Seeds 0, 2;")
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in text.splitlines() if line.startswith("| ")}
+    # plain is variant index 1: STS-B 71 / 72, SICK-R 62 / 61, test means 66.5 / 66.5
+    assert rows["plain"][1:5] == ["81.50 ± 0.71", "71.50 ± 0.71", "61.50 ± 0.71", "66.50 ± 0.00"]
+    # aea (index 4): STS-B 74 / 75, SICK-R 68 / 67, so 71 and +4.5 over plain in both seeds
+    assert rows["aea"][4:6] == ["71.00 ± 0.00", "+4.50 ± 0.00"]
+    assert rows["0"][1:3] == ["0.500 ± 0.000", "0.450 ± 0.071 |"]
+    with pytest.raises(SystemExit) as exit_info:  # no results: one line and exit 2
+        A.run_cli(A.main, ["--output", str(tmp_path / "none"), "--report-only"])
+    assert exit_info.value.code == 2
