@@ -3,12 +3,13 @@
     python benchmarks/bench_aea.py                       # batch 1, 32, 128 x 32 and 128 tokens
     python benchmarks/bench_aea.py --batch-sizes 32 --seq-lens 32 --repeats 3
 
-Two models: the bundled MiniLM upcycled to the token-routed MoE (8 experts, top-2, every other layer,
-expert noise 0.05 so that experts differ) and a small random OLMoE (8 layers, hidden 512, 16 experts,
-top-4). For each shape the script times, in interleaved rounds, the unmodified model's forward on its
-default attention (sdpa) and AEA's forward up to the default exit layer (L for the encoder, L-1 for
-the decoder) with layer-wise allocation (alpha 2) and token-wise allocation (floor, as in the paper),
-which needs eager attention; and layer-wise allocation alone, which keeps sdpa. It prints the median
+Two models: the bundled MiniLM upcycled to the token-routed MoE as in `experiments.aea_moe_encoder`
+(8 experts, top-2, every layer, expert noise 0.02 so that experts differ) and a small random OLMoE
+(8 layers, hidden 512, 16 experts, top-4). For each shape the script times, in interleaved rounds,
+the unmodified model on its default attention (sdpa) up to the default exit layer (L for the encoder,
+L-1 for the decoder: the plain embedding, `--allocation none`), AEA up to the same layer with
+layer-wise allocation (alpha 2) and token-wise allocation (floor, as in the paper), which needs
+eager attention, and layer-wise allocation alone, which keeps sdpa. It prints the median
 sequences/s and the ratio AEA / unmodified (target >= 0.90 at batch >= 32: the paper claims no added
 time). The calibration time is `measure_homogeneity` on 1,000 texts of 32 tokens, per 1,000 texts.
 """
@@ -31,6 +32,7 @@ from transformers import AutoConfig, AutoModel
 from benchmarks.common import prepare, time_forward, timing_parser
 from convert.checkpoint import bundled_minilm_path
 from convert.upcycle import main as upcycle
+from experiments.aea_moe_encoder import UPCYCLE
 from modeling.aea import AdaptiveExpertAllocation, allocate_layers, find_moe_layers, measure_homogeneity
 
 OLMOE = dict(
@@ -64,7 +66,8 @@ def calibration_batches(vocab_size: int, texts: int, seq_len: int, batch_size: i
 
 
 def controllers(eager_model, sdpa_model, exit_layer: int, texts: int):
-    """`{name: controller}`: AEA (layer- and token-wise, eager) and layer-wise only (sdpa)."""
+    """`(calibration seconds, {name: controller})`: the unmodified model (its own k, same exit layer),
+    AEA (layer- and token-wise, eager) and layer-wise only (sdpa)."""
     start = time.perf_counter()
     homogeneity = measure_homogeneity(sdpa_model, calibration_batches(sdpa_model.config.vocab_size, texts, 32))
     calibration_seconds = time.perf_counter() - start
@@ -72,7 +75,9 @@ def controllers(eager_model, sdpa_model, exit_layer: int, texts: int):
     top_k = next(h.router.top_k for h in layers if h.router is not None)
     caps = [h.cap if h.router is not None else None for h in layers]
     layer_top_k, _ = allocate_layers(homogeneity, top_k, caps, alpha=2.0, exit_layer=exit_layer)
+    own_top_k = [h.router.top_k if h.router is not None else None for h in layers]
     return calibration_seconds, {
+        "unmodified": AdaptiveExpertAllocation(sdpa_model, own_top_k, exit_layer=exit_layer),
         "AEA": AdaptiveExpertAllocation(eager_model, layer_top_k, token_wise=True, exit_layer=exit_layer),
         "AEA layer-wise": AdaptiveExpertAllocation(sdpa_model, layer_top_k, exit_layer=exit_layer),
     }
@@ -85,15 +90,16 @@ def bench_model(name, sdpa_model, eager_model, exit_layer, shapes, args) -> list
         generator = torch.Generator().manual_seed(1)
         ids = torch.randint(1000, sdpa_model.config.vocab_size, (batch_size, seq_len), generator=generator)
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        timings = {key: [] for key in ["unmodified", *variants]}
+        timings = {key: [] for key in variants}
         for _ in range(args.repeats):
-            timings["unmodified"].append(time_forward(sdpa_model, batch, args.min_time))
             for key, controller in variants.items():
                 with controller.apply():
                     timings[key].append(time_forward(controller, batch, args.min_time))
         base = statistics.median(timings["unmodified"])
         cells = [
-            f"{statistics.median(timings[key]):.1f} ({statistics.median(timings[key]) / base:.2f})" for key in variants
+            f"{statistics.median(timings[key]):.1f} ({statistics.median(timings[key]) / base:.2f})"
+            for key in variants
+            if key != "unmodified"
         ]
         rows.append(f"| {name} | {batch_size} | {seq_len} | {base:.1f} | " + " | ".join(cells) + " |")
     per_1000 = calibration_seconds * 1000 / args.calibration_texts
@@ -110,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "moe"
-        upcycle(["--base", bundled_minilm_path(), "--arch", "moe", "--expert-noise", "0.05", "--output", str(folder)])
+        upcycle(["--base", bundled_minilm_path(), *UPCYCLE, "--output", str(folder)])
         encoder = moe_encoder(folder, "sdpa")
         rows += bench_model("MoE MiniLM", encoder, moe_encoder(folder, "eager"), 6, shapes, args)
     decoder = small_olmoe("sdpa")
