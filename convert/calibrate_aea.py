@@ -99,16 +99,22 @@ def batches(tokenizer, texts: list[str], template: str, batch_size: int, max_len
 @torch.no_grad()
 def embed_kinds(controller, tokenizer, texts, template, pooling, kinds, batch_size=64, max_length=256) -> dict:
     """`{kind: sentence embeddings of texts}` for each embedding kind of `kinds`, from one forward pass
-    with the allocation of `controller` (as the saved folder computes them)."""
+    with the allocation of `controller` (as the saved folder computes them), in the order of `texts`;
+    batches hold texts of similar length (each text's embedding does not depend on its batch)."""
     from modeling.aea import sentence_embedding
 
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # longest first, as Sentence-Transformers
     out = {kind: [] for kind in kinds}
     with controller.apply():
-        for input_ids, attention_mask in batches(tokenizer, texts, template, batch_size, max_length):
+        for input_ids, attention_mask in batches(
+            tokenizer, [texts[i] for i in order], template, batch_size, max_length
+        ):
             output = controller(input_ids, attention_mask, output_routing_probs=set(kinds) != {"hidden"})
             for kind in kinds:
                 out[kind].append(sentence_embedding(output, attention_mask, pooling, kind))
-    return {kind: torch.cat(parts) for kind, parts in out.items()}
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+    return {kind: torch.cat(parts)[inverse] for kind, parts in out.items()}
 
 
 def embed(controller, tokenizer, texts, template, pooling, embedding, batch_size=64, max_length=256) -> torch.Tensor:
