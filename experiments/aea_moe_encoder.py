@@ -223,15 +223,15 @@ def main(argv: list[str] | None = None) -> str:
     out = Path(args.output).resolve()
     if not args.report_only:
         tasks = prepare_data.write(prepare_data.build(prepare_data.D.data_dir()), out / "data", negatives=False)
-        for seed in seeds:
-            train(out, seed, tasks)
-        if args.train_only:
-            return ""
-        for seed in seeds:
+        for seed in seeds:  # seed by seed, so that a partial run already reports
             base, folder = train(out, seed, tasks)
+            if args.train_only:
+                continue
             evaluate_seed(out, seed, base, folder)
             if seed == seeds[0]:
                 check_folder(out, folder, seed)
+        if args.train_only:
+            return ""
     text = write_report(out, seeds)
     print(text)
     return text
