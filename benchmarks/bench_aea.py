@@ -11,7 +11,9 @@ L-1 for the decoder: the plain embedding, `--allocation none`), AEA up to the sa
 layer-wise allocation (alpha 2) and token-wise allocation (floor, as in the paper), which needs
 eager attention, and layer-wise allocation alone, which keeps sdpa. It prints the median
 sequences/s and the ratio AEA / unmodified (target >= 0.90 at batch >= 32: the paper claims no added
-time). The calibration time is `measure_homogeneity` on 1,000 texts of 32 tokens, per 1,000 texts.
+time), and the (token, expert) pairs AEA computes per batch against the unmodified model's (the
+floor rule spends less than the budget; an early exit moves the exited layers' budget to the kept
+ones). The calibration time is `measure_homogeneity` on 1,000 texts of 32 tokens, per 1,000 texts.
 """
 
 from __future__ import annotations
@@ -83,6 +85,26 @@ def controllers(eager_model, sdpa_model, exit_layer: int, texts: int):
     }
 
 
+@torch.inference_mode()
+def expert_rows(controller, batch: dict) -> int:
+    """(token, expert) pairs the experts compute in one call of `controller`: the expert work done."""
+    from modeling.aea import _experts_arguments
+
+    count = [0]
+
+    def hook(module, args, kwargs):  # registered after the controller's: sees what reaches the experts
+        count[0] += _experts_arguments(args, kwargs)[1].numel()
+
+    with controller.apply():
+        handles = [h.experts.register_forward_pre_hook(hook, with_kwargs=True) for h in controller.layers if h.experts]
+        try:
+            controller(**batch)
+        finally:
+            for handle in handles:
+                handle.remove()
+    return count[0]
+
+
 def bench_model(name, sdpa_model, eager_model, exit_layer, shapes, args) -> list[str]:
     calibration_seconds, variants = controllers(eager_model, sdpa_model, exit_layer, args.calibration_texts)
     rows = []
@@ -96,14 +118,16 @@ def bench_model(name, sdpa_model, eager_model, exit_layer, shapes, args) -> list
                 with controller.apply():
                     timings[key].append(time_forward(controller, batch, args.min_time))
         base = statistics.median(timings["unmodified"])
+        rows_ratio = expert_rows(variants["AEA"], batch) / expert_rows(variants["unmodified"], batch)
         cells = [
             f"{statistics.median(timings[key]):.1f} ({statistics.median(timings[key]) / base:.2f})"
             for key in variants
             if key != "unmodified"
         ]
+        cells.append(f"{rows_ratio:.2f}")
         rows.append(f"| {name} | {batch_size} | {seq_len} | {base:.1f} | " + " | ".join(cells) + " |")
     per_1000 = calibration_seconds * 1000 / args.calibration_texts
-    rows.append(f"| {name} | calibration | 32 | {per_1000:.1f} s per 1,000 texts | | |")
+    rows.append(f"| {name} | calibration | 32 | {per_1000:.1f} s per 1,000 texts | | | |")
     return rows
 
 
@@ -123,8 +147,11 @@ def main(argv: list[str] | None = None) -> None:
     eager_decoder = small_olmoe("eager")
     eager_decoder.load_state_dict(decoder.state_dict())
     rows += bench_model("OLMoE 8x512", decoder, eager_decoder, OLMOE["num_hidden_layers"] - 1, shapes, args)
-    print("| model | batch | tokens | unmodified (seq/s) | AEA (seq/s, ratio) | AEA layer-wise (seq/s, ratio) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(
+        "| model | batch | tokens | unmodified (seq/s) | AEA (seq/s, ratio) | AEA layer-wise (seq/s, ratio) "
+        "| AEA expert rows / unmodified |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
     print("\n".join(rows))
 
 

@@ -38,6 +38,7 @@ def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
     aea = run_repo_script("benchmarks/bench_aea.py", *quick, "--calibration-texts", "4", capsys=capsys)
     rows = [line for line in aea.splitlines() if line.startswith("| MoE MiniLM |") or line.startswith("| OLMoE")]
     assert len(rows) == 4 and rows[0].startswith("| MoE MiniLM | 2 | 16 |") and "calibration" in rows[1]
+    assert all(row.count("|") == 8 for row in rows)  # the expert-rows column too
 
 
 @pytest.mark.slow
