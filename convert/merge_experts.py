@@ -244,8 +244,9 @@ def merge(args) -> Path:
         raise UsageError("pass --calibration or --weights, not both")
     weights = [float(w) for w in args.weights.split(",")] if args.weights else None
     names = [args.task] if args.task else (args.experts.split(",") if args.experts else None)
-    st_prompts = read_json(folder / "config_sentence_transformers.json").get("prompts", {})
-    default_prompt = None
+    st_config = read_json(folder / "config_sentence_transformers.json")
+    st_prompts = st_config.get("prompts", {})
+    default_prompt = st_config.get("default_prompt_name")  # a merge keeps the plain `encode` prompt
 
     calibration_texts = (
         read_calibration(Path(args.calibration)) if args.calibration and model_type != "mote_bert" else None

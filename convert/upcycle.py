@@ -52,6 +52,9 @@ from modeling.modeling_mote import MoteBertModel
 from moe_embed_cli import UsageError, run_cli
 
 logger = logging.getLogger("upcycle")
+# The expert a plain `encode(texts)` uses: the MoTE paper routes STS and other generic similarity
+# tasks to the classification expert (section 5.3).
+DEFAULT_TASK = "classification"
 
 
 @dataclass
@@ -62,6 +65,7 @@ class Upcycled:
     st_module: str  # "file.Class" of the Sentence-Transformers input module, a file of modeling/
     prompts: dict[str, str]
     exact: bool = True  # whether the untrained model must reproduce the dense model
+    default_prompt_name: str | None = None  # the prompt `SentenceTransformer.encode` uses when given none
 
 
 def parse_task_prefixes(specs: list[str]) -> dict[str, str]:
@@ -172,13 +176,22 @@ def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycl
         if tuple(ids) in seen:
             raise UsageError(f"tasks {seen[tuple(ids)]!r} and {name!r} have prefixes that tokenize identically")
         seen[tuple(ids)] = name
+    if args.strict_routing and args.default_task is not None:
+        raise UsageError("pass --default-task or --strict-routing, not both")
+    default_task = args.default_task
+    if default_task is None and not args.strict_routing and DEFAULT_TASK in tasks:
+        default_task = DEFAULT_TASK
+    elif default_task is None and not args.strict_routing:
+        logger.warning(
+            "no %r task: inputs without a task or prefix will be an error (see --default-task)", DEFAULT_TASK
+        )
     config = _config(
         MoteBertConfig,
         **encoder_config_kwargs(dense_config, dense_state),
         tasks=list(tasks),
         task_prefixes=tasks,
         task_prefix_ids=prefix_ids,
-        default_task=args.default_task,
+        default_task=default_task,
         expert_layers=args.expert_layers,
     )
     model = fill_model(MoteBertModel, config, dense_state, mote_rename(set(config.expert_layers), config.num_tasks))
@@ -186,6 +199,7 @@ def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycl
         model=model,
         st_module="st_mote.MoteTransformer",
         prompts=with_passage(tasks),
+        default_prompt_name=config.default_task,
     )
 
 
@@ -310,6 +324,7 @@ BUILDERS = {"mote": build_mote, "moe": build_moe, "comoe": build_comoe}
 ARCH_OPTIONS = {
     "expert_layers": ("mote",),
     "default_task": ("mote",),
+    "strict_routing": ("mote",),
     "num_experts": ("moe", "comoe"),
     "experts_per_token": ("moe", "comoe"),
     "router_aux_loss_coef": ("moe", "comoe"),
@@ -393,7 +408,9 @@ def upcycle(args) -> Path:
         model.save_pretrained(tmp, max_shard_size=args.max_shard_size)
         copy_modeling_files(tmp, [upcycled.st_module.split(".")[0] + ".py"])
         copy_tokenizer_files(source, tmp)
-        write_sentence_transformers_files(source, tmp, upcycled.st_module, upcycled.prompts)
+        write_sentence_transformers_files(
+            source, tmp, upcycled.st_module, upcycled.prompts, default_prompt_name=upcycled.default_prompt_name
+        )
         render_card(
             tmp,
             args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}",
@@ -445,7 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
     mote.add_argument(
         "--default-task",
         default=None,
-        help="task for inputs that name none and carry no prefix (default: such inputs are an error)",
+        help=f"task (expert and Sentence-Transformers default prompt) for inputs that name none and carry no "
+        f"prefix, so that a plain encode(texts) works (default: {DEFAULT_TASK} where it is a task, the MoTE paper's choice for STS)",
+    )
+    mote.add_argument(
+        "--strict-routing",
+        action="store_true",
+        help="no default task: inputs that name no task and carry no prefix are an error",
     )
     shared = parser.add_argument_group("moe and comoe")
     shared.add_argument(

@@ -39,9 +39,14 @@ def main() -> None:
         tuple(per_row.pooler_output.shape),
     )
 
-    # 3. Without a task or a prefix the model refuses, naming what it accepts.
+    # 3. Without a task or a prefix: the folder's default task (`config.default_task`; upcycled folders use
+    # classification unless built with --strict-routing, which makes such inputs an error).
     try:
-        model(**plain)
+        with torch.no_grad():
+            default = model(**plain)
+        print(
+            f"no task: default task {model.config.default_task!r}:", [model.config.tasks[i] for i in default.task_ids]
+        )
     except ValueError as error:
         print("no task:", str(error)[:100], "...")
 

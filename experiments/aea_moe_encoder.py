@@ -149,6 +149,12 @@ def evaluate_seed(out: Path, seed: int, base: Path, folder: Path) -> dict:
     return result
 
 
+def saved(out: Path, seed: int, checked: bool) -> bool:
+    """Whether a seed's results (and, for the first seed, the folder check) are already saved."""
+    result = (out / "aea" / f"s{seed}.json").exists()
+    return result and (not checked or (out / "results" / f"folder-aea-s{seed}.json").exists())
+
+
 def check_folder(out: Path, folder: Path, seed: int) -> dict:
     """The `aea` variant written by `convert/calibrate_aea.py --search` and scored by `evaluation.run`
     through Sentence-Transformers, as a user would run it."""
@@ -224,6 +230,8 @@ def main(argv: list[str] | None = None) -> str:
     if not args.report_only:
         tasks = prepare_data.write(prepare_data.build(prepare_data.D.data_dir()), out / "data", negatives=False)
         for seed in seeds:  # seed by seed, so that a partial run already reports
+            if saved(out, seed, checked=seed == seeds[0]) and not args.train_only:
+                continue  # results saved (e.g. copied from docs/experiment-aea): no need for the models
             base, folder = train(out, seed, tasks)
             if args.train_only:
                 continue

@@ -14,9 +14,11 @@ from sentence_transformers.models import Transformer
 class MoteTransformer(Transformer):
     """`Transformer` whose `task` argument picks the expert of a `MoteBertModel`.
 
-    When a task is given without a prompt (`prompt=None`), the task's instruction prefix is put in front of each
-    text (MoTE experts are trained on prefixed inputs); set `prepend_task_prefix=False` in
-    `sentence_bert_config.json` to route without it.
+    When a task is given without a prompt, or with a prompt that is a task's prefix (such as the folder's
+    default prompt), the named task's instruction prefix is put in front of each text (MoTE experts are
+    trained on prefixed inputs); set `prepend_task_prefix=False` in `sentence_bert_config.json` to route
+    without it. With no task named, the default prompt (the default task's prefix) goes only in front of texts
+    that do not already start with a task prefix, so pre-prefixed texts keep their own expert.
     """
 
     forward_kwargs = {"task"}
@@ -36,16 +38,24 @@ class MoteTransformer(Transformer):
         """Tokenize like `Transformer.preprocess`; a named task is validated and, without a prompt,
         its prefix is put in front of the texts. The task itself reaches the model through the
         `task` forward argument (`encode`) or the `task` feature the trainer's collator sets."""
+        config = self.auto_model.config
         if task is not None:
             if not isinstance(task, str):
                 raise ValueError(
                     f"`task` takes one task name per call, got {type(task).__name__}; encode each task's texts "
                     "separately (per-row tasks: call the model directly with `task=[...]`)"
                 )
-            config = self.auto_model.config
             name = config.tasks[config.task_index(task)]  # ValueError listing valid tasks for an unknown name
-            if prompt is None and self.prepend_task_prefix:
-                prompt = config.task_prefixes[name]
+            if prompt is None or prompt in config.task_prefixes.values():
+                # No prompt, or a task's prefix (the model's default prompt, say): the named task's prefix.
+                prompt = config.task_prefixes[name] if self.prepend_task_prefix else None
+        else:
+            default = config.task_prefixes.get(config.default_task) if config.default_task else None
+            if prompt is not None and prompt == default:
+                # The default prompt: a text that already starts with a task prefix keeps its own routing.
+                prefixes = tuple(config.task_prefixes.values())
+                inputs = [t if not isinstance(t, str) or t.startswith(prefixes) else prompt + t for t in inputs]
+                prompt = None
         return super().preprocess(inputs, prompt=prompt, task=task, **kwargs)
 
 

@@ -21,7 +21,7 @@ def test_route_with_automodel(mote_dir, capsys):
     out = run_example("route_with_automodel.py", mote_dir, capsys=capsys)
     assert "routed by prefix: ['query', 'clustering']" in out
     assert "task=['query', 'passage']: ['query', 'document']" in out
-    assert "no task: Cannot tell the task" in out
+    assert "no task: default task 'classification': ['classification', 'classification']" in out
 
 
 @pytest.mark.slow

@@ -38,6 +38,8 @@ def test_expert_averaging_of_untrained_mote_is_the_dense_model(mote_dir, dense_p
     merged, dense = load_file(str(out / "model.safetensors")), _dense_weights(dense_path)
     assert merged.keys() == dense.keys()
     assert all(torch.equal(merged[k], dense[k]) for k in dense)
+    # the averaged model keeps the MoTE folder's plain-`encode` prompt
+    assert read_json(out / "config_sentence_transformers.json")["default_prompt_name"] == "classification"
     config = read_json(out / "config.json")
     assert config["model_type"] == "bert" and config["architectures"] == ["BertModel"] and "auto_map" not in config
     assert not list(out.glob("*.py"))

@@ -107,5 +107,23 @@ def test_unknown_task_and_missing_task_errors(st_mote):
         st_mote.encode(TEXTS, task=["query", "document", "query"])
     with pytest.raises(ValueError, match=r"Unknown task 'legal'.*Valid tasks"):
         st_mote.encode(TEXTS, task="legal")
-    with pytest.raises(ValueError, match="Cannot tell the task"):
-        st_mote.encode(TEXTS)
+
+
+def test_plain_encode_uses_the_default_task(st_mote_specialised):
+    """Generic callers (mteb, vector databases) call `encode(texts)` with no prompt: the folder's default
+    prompt routes it to the classification expert, and a named task still gets its own prefix."""
+    model = st_mote_specialised
+    assert model.default_prompt_name == "classification"
+    assert model[0].auto_model.config.default_task == "classification"
+    plain = model.encode(TEXTS, convert_to_tensor=True)
+    assert torch.equal(plain, model.encode(TEXTS, prompt_name="classification", convert_to_tensor=True))
+    prefixed = model.encode(["classification: " + t for t in TEXTS], prompt="", convert_to_tensor=True)
+    assert torch.allclose(plain, prefixed, atol=1e-6)
+    clustering = model.encode(TEXTS, task="clustering", convert_to_tensor=True)
+    by_prefix = model.encode(["clustering: " + t for t in TEXTS], prompt="", convert_to_tensor=True)
+    assert torch.allclose(clustering, by_prefix, atol=1e-6)
+    # a text that already carries a task prefix keeps it: the default prompt is not put in front of it
+    assert torch.allclose(
+        model.encode(["clustering: " + t for t in TEXTS], convert_to_tensor=True), by_prefix, atol=1e-6
+    )
+    assert not torch.allclose(plain, clustering, atol=1e-3)

@@ -67,6 +67,9 @@ def test_default_run_writes_a_complete_folder(mote_dir, dense_path):
         "clustering",
     ]
     assert read_json(folder / "modules.json")[0]["type"] == "st_mote.MoteTransformer"
+    # a plain encode(texts) routes to the classification expert, in transformers and Sentence-Transformers
+    assert config["default_task"] == "classification"
+    assert read_json(folder / "config_sentence_transformers.json")["default_prompt_name"] == "classification"
     assert read_json(folder / "1_Pooling" / "config.json") == read_json(Path(dense_path) / "1_Pooling" / "config.json")
     card = (folder / "README.md").read_text()
     assert card.startswith("---\n") and "pipeline_tag: sentence-similarity" in card and "search_query: " in card
@@ -128,6 +131,19 @@ def test_overwrite_replaces_atomically(tmp_path, capsys):
     assert _leftovers(tmp_path) == []
 
 
+def test_routing_defaults_strict_and_custom(tmp_path, capsys):
+    strict = tmp_path / "strict"
+    assert upcycle(capsys, "--output", str(strict), "--strict-routing")[0] == 0
+    assert read_json(strict / "config.json")["default_task"] is None
+    assert read_json(strict / "config_sentence_transformers.json")["default_prompt_name"] is None
+    custom = tmp_path / "custom"
+    assert upcycle(capsys, "--output", str(custom), "--default-task", "passage")[0] == 0
+    assert read_json(custom / "config.json")["default_task"] == "document"
+    assert read_json(custom / "config_sentence_transformers.json")["default_prompt_name"] == "document"
+    card = (custom / "README.md").read_text()
+    assert "`encode` without a prompt or task uses the `document` expert" in card
+
+
 def _copy_source(dense_path: str, target: Path) -> Path:
     shutil.copytree(dense_path, target)
     return target
@@ -147,6 +163,9 @@ def _copy_source(dense_path: str, target: Path) -> Path:
         ("output-is-source", "overlaps the input"),
         ("output-inside-source", "overlaps the input"),
         ("other-arch-flag", "--num-experts only apply to --arch comoe/moe"),
+        ("strict-and-default", "pass --default-task or --strict-routing, not both"),
+        ("unknown-default", "Unknown task 'legal'"),
+        ("strict-on-moe", "--strict-routing only apply to --arch mote"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage, message):
@@ -181,6 +200,12 @@ def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage
         args = ["--base", str(source), "--output", str(source / "sub")]
     elif breakage == "other-arch-flag":
         args += ["--num-experts", "4"]
+    elif breakage == "strict-and-default":
+        args += ["--strict-routing", "--default-task", "query"]
+    elif breakage == "unknown-default":
+        args += ["--default-task", "legal"]
+    elif breakage == "strict-on-moe":
+        args += ["--arch", "moe", "--strict-routing"]
     before = _tree_digest(source)
     code, err = upcycle(capsys, *args)
     assert code == 2, err
