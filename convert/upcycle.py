@@ -463,7 +463,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--default-task",
         default=None,
         help=f"task (expert and Sentence-Transformers default prompt) for inputs that name none and carry no "
-        f"prefix, so that a plain encode(texts) works (default: {DEFAULT_TASK} where it is a task, the MoTE paper's choice for STS)",
+        f"prefix, so that a plain encode(texts) works (default: {DEFAULT_TASK} where it is a task, the MoTE "
+        "paper's choice for STS)",
     )
     mote.add_argument(
         "--strict-routing",
