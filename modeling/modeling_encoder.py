@@ -24,6 +24,13 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .configuration_encoder import EncoderConfig
 
 
+def is_exporting() -> bool:
+    """Whether this forward pass is being traced or compiled (ONNX export, `torch.export`, `torch.jit.trace`,
+    `torch.compile`), where the model takes its graph-safe path: no host syncs (`.tolist()`, `bool(tensor)`),
+    no Python branches on tensor values, every routing decision made by tensor ops inside the graph."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
+
+
 @dataclass
 class EncoderBackboneOutput(BaseModelOutputWithPooling):
     r"""
@@ -300,7 +307,9 @@ class EncoderPreTrainedModel(PreTrainedModel):
         reference = input_ids if input_ids is not None else inputs_embeds
         if reference is not None and reference.shape[0] == 0:
             raise ValueError("Got an empty batch: `input_ids` has 0 rows")
-        if attention_mask is None or bool(attention_mask.all()):
+        if attention_mask is None:
+            return None, None
+        if not is_exporting() and bool(attention_mask.all()):  # a graph keeps the mask: the next batch may pad
             return None, None
         return attention_mask, attention_mask.reshape(-1).nonzero().squeeze(-1)
 
@@ -343,6 +352,7 @@ class EncoderPreTrainedModel(PreTrainedModel):
 
 
 __all__ = [
+    "is_exporting",
     "EncoderEmbeddings",
     "EncoderSelfAttention",
     "EncoderAttention",

@@ -23,7 +23,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.utils.output_capturing import OutputRecorder
 
 from .configuration_moe import MoeBertConfig
-from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention
+from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention, is_exporting
 
 
 @dataclass
@@ -146,6 +146,20 @@ class MoeBertExperts(nn.Module):
         weighted = slot_outputs.view(num_tokens, num_top_k, -1) * top_k_weights.unsqueeze(-1)
         return weighted.sum(dim=1)  # deterministic reduction over the k slots of each token
 
+    def graph_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        """Graph-safe implementation, used whenever the model is traced (ONNX export, `torch.export`): each
+        expert gathers its `(token, slot)` pairs found by tensor ops and adds its weighted output back, with
+        no host sync and no `histc`/sort-out ops, whatever `experts_implementation` says."""
+        output = torch.zeros_like(hidden_states)
+        for expert in range(self.num_experts):
+            token, slot = (top_k_index == expert).nonzero(as_tuple=True)
+            h = nn.functional.linear(
+                hidden_states.index_select(0, token), self.up_proj[expert], self.up_proj_bias[expert]
+            )
+            out = nn.functional.linear(self.act_fn(h), self.down_proj[expert], self.down_proj_bias[expert])
+            output = output.index_add(0, token, out * top_k_weights[token, slot].unsqueeze(-1))
+        return output
+
 
 class MoeBertSparseBlock(nn.Module):
     """Router and experts: `(tokens, hidden) -> (tokens, hidden), router logits`."""
@@ -157,7 +171,10 @@ class MoeBertSparseBlock(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor):
         router_logits, weights, selected = self.router(hidden_states)  # fp32
-        return self.experts(hidden_states, selected, weights.to(hidden_states.dtype)), router_logits
+        weights = weights.to(hidden_states.dtype)
+        if is_exporting():
+            return self.experts.graph_forward(hidden_states, selected, weights), router_logits
+        return self.experts(hidden_states, selected, weights), router_logits
 
 
 class MoeBertOutputNorm(nn.Module):
@@ -261,7 +278,7 @@ class MoeBertModel(MoeBertPreTrainedModel):
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
         )
-        router_logits = backbone.layer_aux
+        router_logits, device = backbone.layer_aux, backbone.last_hidden_state.device
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
         output = MoeBertModelOutput(
@@ -269,7 +286,8 @@ class MoeBertModel(MoeBertPreTrainedModel):
             pooler_output=backbone.pooler_output,
             hidden_states=backbone.hidden_states,
             attentions=backbone.attentions,
-            aux_loss=self.aux_loss(router_logits, backbone.last_hidden_state.device),
+            # an inference graph has no loss to return (and the loss's empty-batch branch is not graph-safe)
+            aux_loss=None if is_exporting() and not self.training else self.aux_loss(router_logits, device),
             router_logits=router_logits if output_router_logits else None,
         )
         return output if return_dict is not False else output.to_tuple()

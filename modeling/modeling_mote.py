@@ -20,7 +20,13 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .configuration_mote import MoteBertConfig
-from .modeling_encoder import EncoderIntermediate, EncoderLayer, EncoderOutput, EncoderPreTrainedModel
+from .modeling_encoder import (
+    EncoderIntermediate,
+    EncoderLayer,
+    EncoderOutput,
+    EncoderPreTrainedModel,
+    is_exporting,
+)
 
 
 @dataclass
@@ -37,9 +43,11 @@ class MoteModelOutput(BaseModelOutputWithPooling):
 
 @dataclass(frozen=True)
 class MoteRouting:
-    """Routing of one (task-sorted) batch: `(expert, start_row, end_row)` for each task present."""
+    """Routing of one batch: `(expert, start_row, end_row)` for each task present in the task-sorted batch,
+    or, in a traced graph (`segments=None`), the expert index of each row in input order."""
 
-    segments: tuple[tuple[int, int, int], ...]
+    segments: tuple[tuple[int, int, int], ...] | None
+    task_ids: torch.LongTensor | None = None
 
 
 class MoteBertExpert(nn.Module):
@@ -67,6 +75,13 @@ class MoteBertLayer(EncoderLayer):
         self.experts = nn.ModuleDict({str(i): MoteBertExpert(config) for i in active_expert_indices(config)})
 
     def feed_forward(self, attention_output: torch.Tensor, routing: MoteRouting):
+        if routing.segments is None:  # graph-safe: each expert on the rows of its task, found by tensor ops
+            output = torch.zeros_like(attention_output)
+            task_ids = routing.task_ids.to(attention_output.device)
+            for key, expert in self.experts.items():
+                rows = (task_ids == int(key)).nonzero().squeeze(-1)
+                output = output.index_copy(0, rows, expert(attention_output.index_select(0, rows)))
+            return output, None
         if len(routing.segments) == 1:
             return self.experts[str(routing.segments[0][0])](attention_output), None
         # One call per task present, each on a contiguous slice of rows (a view, no gather).
@@ -92,20 +107,24 @@ def detect_task_ids(input_ids: torch.Tensor, config: MoteBertConfig) -> torch.Lo
     the longest matching prefix wins.
     """
     task_ids = torch.full(input_ids.shape[:1], -1, dtype=torch.long, device=input_ids.device)
-    prefixes = sorted((config.task_prefix_ids or {}).items(), key=lambda item: -len(item[1]))
+    prefixes = sorted(((t, ids) for t, ids in (config.task_prefix_ids or {}).items() if ids), key=lambda x: -len(x[1]))
+    if not prefixes:
+        return task_ids
+    # Padded with -1 (no token id) to the longest prefix, so that a sequence shorter than a prefix simply
+    # does not match it, with no branch on the sequence length (graph-safe).
+    padded = nn.functional.pad(input_ids, (0, len(prefixes[0][1])), value=-1)
     for task, ids in prefixes:
-        if not ids or len(ids) > input_ids.shape[1]:
-            continue
         prefix = torch.tensor(ids, dtype=input_ids.dtype, device=input_ids.device)
-        match = (input_ids[:, : len(ids)] == prefix).all(dim=1) & (task_ids < 0)
-        task_ids.masked_fill_(match, config.tasks.index(task))
+        match = (padded[:, : len(ids)] == prefix).all(dim=1) & (task_ids < 0)
+        task_ids = task_ids.masked_fill(match, config.tasks.index(task))
     return task_ids
 
 
 def resolve_task_ids(
     config: MoteBertConfig, batch_size: int, device, task=None, task_ids=None, input_ids=None
 ) -> torch.LongTensor:
-    """Expert index per row: `task` > `task_ids` > instruction prefix in `input_ids` > `default_task`.
+    """Expert index per row: `task` > `task_ids` (-1: none for that row) > instruction prefix in `input_ids` >
+    `default_task`.
 
     Raises:
         ValueError: for an unknown task name, a wrong number of tasks, out-of-range ids, or rows
@@ -124,14 +143,15 @@ def resolve_task_ids(
             ids = ids.expand(batch_size)
         if ids.numel() != batch_size:
             raise ValueError(f"`task_ids` holds {ids.numel()} ids for a batch of {batch_size} rows")
-        if bool(((ids < 0) | (ids >= config.num_tasks)).any()):
+        if bool(((ids < -1) | (ids >= config.num_tasks)).any()):
             raise ValueError(
-                f"`task_ids` must lie in 0..{config.num_tasks - 1} (tasks {config.tasks}), got {ids.tolist()}"
+                f"`task_ids` must lie in -1..{config.num_tasks - 1} (tasks {config.tasks}; -1: read the row's "
+                f"prefix), got {ids.tolist()}"
             )
-        return ids
-    ids = torch.full((batch_size,), -1, dtype=torch.long, device=device)
-    if input_ids is not None:
-        ids = detect_task_ids(input_ids, config)
+    else:
+        ids = torch.full((batch_size,), -1, dtype=torch.long, device=device)
+    if input_ids is not None and bool((ids < 0).any()):
+        ids = torch.where(ids >= 0, ids, detect_task_ids(input_ids, config))
     unresolved = ids < 0
     if bool(unresolved.any()):
         if config.default_task is None:
@@ -143,6 +163,19 @@ def resolve_task_ids(
                 f"{config.describe_tasks()}"
             )
         ids = ids.masked_fill(unresolved, config.tasks.index(config.default_task))
+    return ids
+
+
+def graph_task_ids(config: MoteBertConfig, input_ids: torch.Tensor, task_ids=None) -> torch.LongTensor:
+    """Expert index per row by tensor ops only, for traced graphs (ONNX): a `task_ids` entry >= 0 wins, a
+    row with -1 (or no `task_ids`) is routed by its prefix, then `config.default_task`. A row that none of
+    these resolve, or an id out of range, stays unrouted: the graph cannot raise, so its outputs are NaN."""
+    ids = detect_task_ids(input_ids, config)
+    if config.default_task is not None:
+        ids = ids.masked_fill(ids < 0, config.tasks.index(config.default_task))
+    if task_ids is not None:
+        given = torch.as_tensor(task_ids, dtype=torch.long, device=ids.device).reshape(-1).expand_as(ids)
+        ids = torch.where(given >= 0, given, ids)
     return ids
 
 
@@ -235,7 +268,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
         task (`str` or `list[str]`, *optional*): Task of the whole batch, or one per row. Names from
             `config.tasks` or `config.task_aliases`.
         task_ids (`torch.LongTensor` of shape `(batch_size,)` or `int`, *optional*): Expert index per
-            row (into `config.tasks`). Used when `task` is not given.
+            row (into `config.tasks`); -1 routes that row by its prefix. Used when `task` is not given.
         return_dict (`bool`, *optional*): `False` returns a tuple instead of a `MoteModelOutput`.
 
         Without either, each row's task is read from the instruction prefix its `input_ids` start
@@ -247,21 +280,24 @@ class MoteBertModel(MoteBertPreTrainedModel):
         batch_size = reference.shape[0]
         if batch_size == 0:
             raise ValueError("Got an empty batch: `input_ids` has 0 rows")
-        ids = resolve_task_ids(self.config, batch_size, reference.device, task, task_ids, input_ids)
-
-        counts = torch.bincount(ids, minlength=self.config.num_tasks).tolist()
-        self._check_experts_present([i for i, count in enumerate(counts) if count], reference.device)
-        order = None
-        if max(counts) < batch_size:
-            order = torch.argsort(ids, stable=True)
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = (
-                _take_rows(t, order) for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-            )
-        segments, start = [], 0
-        for expert, count in enumerate(counts):
-            if count:
-                segments.append((expert, start, start + count))
-                start += count
+        order, unrouted = None, None
+        if isinstance(task, str):  # one expert, known before the graph: no routing ops at all
+            index = self.config.task_index(task)
+            self._check_experts_present([index], reference.device)
+            ids = torch.full((batch_size,), index, dtype=torch.long, device=reference.device)
+            routing = MoteRouting(((index, 0, batch_size),))
+        elif is_exporting() and task is None and input_ids is not None:
+            ids = graph_task_ids(self.config, input_ids, task_ids)
+            unrouted = (ids < 0) | (ids >= self.config.num_tasks)
+            routing = MoteRouting(None, ids)
+        else:
+            ids = resolve_task_ids(self.config, batch_size, reference.device, task, task_ids, input_ids)
+            routing, order = self._sorted_routing(ids, batch_size, reference.device)
+            if order is not None:
+                input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = (
+                    _take_rows(t, order)
+                    for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+                )
 
         backbone = self.forward_backbone(
             input_ids,
@@ -269,7 +305,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
             token_type_ids,
             position_ids,
             inputs_embeds,
-            routing=MoteRouting(tuple(segments)),
+            routing=routing,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
         )
@@ -286,10 +322,26 @@ class MoteBertModel(MoteBertPreTrainedModel):
             last, pooled = _take_rows(last, inverse), _take_rows(pooled, inverse)
             hidden = tuple(h[inverse] for h in hidden) if hidden is not None else None
             attentions = tuple(a[inverse] for a in attentions) if attentions is not None else None
+        if unrouted is not None:  # graph outputs of rows with no task: NaN, the only error a graph can give
+            last = last.masked_fill(unrouted.view(-1, 1, 1), float("nan"))
+            pooled = pooled.masked_fill(unrouted.view(-1, 1), float("nan")) if pooled is not None else None
         output = MoteModelOutput(
             last_hidden_state=last, pooler_output=pooled, hidden_states=hidden, attentions=attentions, task_ids=ids
         )
         return output if return_dict is not False else output.to_tuple()
+
+    def _sorted_routing(self, ids: torch.Tensor, batch_size: int, device) -> tuple[MoteRouting, torch.Tensor | None]:
+        """Segments of the task-sorted batch and the sorting order (`None` for a single-task batch); one host
+        sync, for the eager path."""
+        counts = torch.bincount(ids, minlength=self.config.num_tasks).tolist()
+        self._check_experts_present([i for i, count in enumerate(counts) if count], device)
+        order = torch.argsort(ids, stable=True) if max(counts) < batch_size else None
+        segments, start = [], 0
+        for expert, count in enumerate(counts):
+            if count:
+                segments.append((expert, start, start + count))
+                start += count
+        return MoteRouting(tuple(segments)), order
 
     def _check_experts_present(self, experts: list[int], device: torch.device) -> None:
         """Raise a clear error when a requested task's experts were dropped or offloaded."""

@@ -116,7 +116,7 @@ def test_default_task_and_unknown_task_errors(tokenizer):
         strict(**batch, task="reranking")
     with pytest.raises(ValueError, match="2 rows"):
         strict(**batch, task=["query"])
-    with pytest.raises(ValueError, match=r"task_ids` must lie in 0\.\.3"):
+    with pytest.raises(ValueError, match=r"task_ids` must lie in -1\.\.3"):
         strict(**batch, task_ids=torch.tensor([0, 7]))
     lenient = MoteBertModel(tiny_mote_config(default_task="clustering")).eval()
     assert lenient(**batch).task_ids.tolist() == [3, 0]
