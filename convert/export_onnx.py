@@ -110,7 +110,7 @@ def st_head(folder: Path) -> tuple[str, bool]:
     return pooling or "mean", normalize
 
 
-def load_model(folder: Path, model_type: str, task: str | None) -> nn.Module:
+def load_model(folder: Path, task: str | None = None) -> nn.Module:
     """The folder's weights in this package's model class (fp32, eval); `task` loads only that task's experts."""
     from modeling.modeling_comoe import CoMoeBertModel
     from modeling.modeling_moe import MoeBertModel
@@ -118,6 +118,7 @@ def load_model(folder: Path, model_type: str, task: str | None) -> nn.Module:
 
     classes = {"mote_bert": MoteBertModel, "moe_bert": MoeBertModel, "comoe_bert": CoMoeBertModel}
     kwargs = {"active_tasks": [task]} if task else {}
+    model_type = read_json(folder / "config.json")["model_type"]
     model = classes[model_type].from_pretrained(str(folder), dtype=torch.float32, **kwargs)
     return model.eval()
 
@@ -218,7 +219,7 @@ def export(args) -> Path:
     pooling, normalize = st_head(folder)
     tokenizer = load_tokenizer(folder, trust_remote_code=True)
     try:
-        model = load_model(folder, model_type, args.task)
+        model = load_model(folder, args.task)
         task = model.config.tasks[model.config.task_index(args.task)] if args.task else None
     except ValueError as error:  # unknown task: the message lists the valid ones
         raise UsageError(str(error)) from None

@@ -42,6 +42,15 @@ def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
 
 
 @pytest.mark.slow
+def test_onnx_benchmark_runs(capsys):
+    quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
+    out = run_repo_script("benchmarks/bench_onnx.py", *quick, capsys=capsys)
+    rows = [line for line in out.splitlines() if line.startswith("| MoTE") or line.startswith("| MoE")]
+    assert [row.split(" | ")[0] for row in rows] == ["| MoTE routed", "| MoTE --task query", "| MoE top-2 of 8"]
+    assert all(row.count("|") == 7 and float(row.split("|")[-2]) > 0 for row in rows)
+
+
+@pytest.mark.slow
 def test_training_benchmark_runs(tmp_path, capsys):
     import json
 
