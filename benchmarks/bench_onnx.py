@@ -25,24 +25,10 @@ if __package__ in (None, ""):
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.common import prepare, time_forward, timing_parser
+from benchmarks.common import batch_of, prepare, time_forward, timing_parser
 from convert.export_onnx import SentenceEmbeddingGraph, load_model, st_head
 from convert.export_onnx import main as export_onnx
 from convert.upcycle import main as upcycle
-
-
-def batch_of(model, batch_size: int, seq_len: int) -> dict:
-    """Random token ids; for a routed MoTE graph each row starts with the prefix of task `row % tasks`."""
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, model.config.vocab_size, (batch_size, seq_len), generator=generator)
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    if model.config.model_type == "mote_bert":
-        prefixes = [model.config.task_prefix_ids[t] for t in model.config.tasks]
-        for row in range(batch_size):
-            prefix = prefixes[row % len(prefixes)][:seq_len]
-            ids[row, : len(prefix)] = torch.tensor(prefix)
-        batch["task_ids"] = torch.full((batch_size,), -1)
-    return batch
 
 
 def bench_graph(name: str, source: Path, onnx_folder: Path, task: str | None, shapes, args) -> list[str]:

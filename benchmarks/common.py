@@ -37,3 +37,18 @@ def time_forward(model, batch: dict, min_time: float) -> float:
             elapsed = time.perf_counter() - start
             if elapsed >= min_time:
                 return calls * batch["input_ids"].shape[0] / elapsed
+
+
+def batch_of(model, batch_size: int, seq_len: int) -> dict:
+    """Random token ids, no padding; a MoTE model's rows start with the prefix of task `row % tasks` (`task_ids`
+    -1: routed by the prefix), so that a batch mixes every task."""
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(1000, model.config.vocab_size, (batch_size, seq_len), generator=generator)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if model.config.model_type == "mote_bert":
+        prefixes = [model.config.task_prefix_ids[t] for t in model.config.tasks]
+        for row in range(batch_size):
+            prefix = prefixes[row % len(prefixes)][:seq_len]
+            ids[row, : len(prefix)] = torch.tensor(prefix)
+        batch["task_ids"] = torch.full((batch_size,), -1)
+    return batch

@@ -51,6 +51,17 @@ def test_onnx_benchmark_runs(capsys):
 
 
 @pytest.mark.slow
+def test_compile_benchmark_runs(mote_dir, capsys):
+    quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
+    out = run_repo_script(
+        "benchmarks/bench_compile.py", *quick, "--backend", "aot_eager", "--model", mote_dir, capsys=capsys
+    )
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| task=") or line.startswith("| mixed")]
+    assert len(rows) == 3 and all(len(row) == 8 for row in rows)
+    assert [row[6] for row in rows[:2]] == ["1", "1"]  # one graph for a named task and for dynamic output shapes
+
+
+@pytest.mark.slow
 def test_training_benchmark_runs(tmp_path, capsys):
     import json
 

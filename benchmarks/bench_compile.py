@@ -1,0 +1,91 @@
+"""Encode throughput of MoTE under `torch.compile` against eager PyTorch, in the same run.
+
+    python benchmarks/bench_compile.py                         # batch 32 and 128 x 64 tokens
+    python benchmarks/bench_compile.py --batch-sizes 8 --seq-lens 16 --repeats 1
+
+The bundled MiniLM upcycled to MoTE (`--model` for another MoTE folder), compiled with the default
+inductor backend, in three ways: one named task (`task="query"`, `fullgraph=True`); a batch mixing the
+four tasks by their prefixes (routed inside the graph) with
+`torch._dynamo.config.capture_dynamic_output_shape_ops = True`, which makes it one graph; and the same
+batch with dynamo's defaults, where the routing breaks the graph. For each it prints the seconds of
+the first calls (compilation, all shapes), the number of graphs compiled, and the median sequences/s
+compiled and eager, in interleaved rounds, with the ratio compiled / eager.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from benchmarks.common import batch_of, prepare, time_forward, timing_parser
+from convert.upcycle import main as upcycle
+from modeling.modeling_mote import MoteBertModel
+
+VARIANTS = {
+    "task='query', fullgraph": ({"task": "query"}, True, True),
+    "mixed tasks, dynamic output shapes": ({}, True, True),
+    "mixed tasks, dynamo defaults": ({}, False, False),
+}
+
+
+def bench(model, name: str, shapes, args) -> list[str]:
+    kwargs, capture, fullgraph = VARIANTS[name]
+    torch._dynamo.reset()
+    counters.clear()
+    rows = []
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=capture):
+        compiled = torch.compile(model, fullgraph=fullgraph, backend=args.backend)
+        batches = []
+        for batch_size, seq_len in shapes:
+            batch = batch_of(model, batch_size, seq_len)
+            if kwargs:
+                batch = {**{k: v for k, v in batch.items() if k != "task_ids"}, **kwargs}
+            batches.append(batch)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for batch in batches + batches:  # second pass: recompilation with dynamic sizes, if any
+                compiled(**batch)
+        compile_seconds = time.perf_counter() - start
+        graphs = counters["stats"]["unique_graphs"]
+        for (batch_size, seq_len), batch in zip(shapes, batches, strict=True):
+            timings = {"eager": [], "compiled": []}
+            for _ in range(args.repeats):
+                timings["eager"].append(time_forward(model, batch, args.min_time))
+                timings["compiled"].append(time_forward(compiled, batch, args.min_time))
+            eager, fast = statistics.median(timings["eager"]), statistics.median(timings["compiled"])
+            rows.append(
+                f"| {name} | {batch_size} | {seq_len} | {eager:.1f} | {fast:.1f} | {fast / eager:.2f} "
+                f"| {graphs} | {compile_seconds:.0f} |"
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = timing_parser(__doc__.split("\n\n")[0], "MoTE folder (default: the bundled MiniLM upcycled)")
+    parser.set_defaults(batch_sizes="32,128", seq_lens="64")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: inductor)")
+    args = parser.parse_args(argv)
+    shapes = prepare(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.model or str(Path(tmp) / "mote")
+        if not args.model:
+            upcycle(["--output", folder])
+        model = MoteBertModel.from_pretrained(folder).eval()
+    rows = [row for name in VARIANTS for row in bench(model, name, shapes, args)]
+    print("| MoTE | batch | tokens | eager (seq/s) | compiled (seq/s) | compiled / eager | graphs | compile s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
