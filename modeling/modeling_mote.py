@@ -283,7 +283,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
         order, unrouted = None, None
         if isinstance(task, str):  # one expert, known before the graph: no routing ops at all
             index = self.config.task_index(task)
-            self._check_experts_present([index], reference.device)
+            self._check_experts_present([index])
             ids = torch.full((batch_size,), index, dtype=torch.long, device=reference.device)
             routing = MoteRouting(((index, 0, batch_size),))
         elif is_exporting() and task is None and input_ids is not None:
@@ -292,7 +292,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
             routing = MoteRouting(None, ids)
         else:
             ids = resolve_task_ids(self.config, batch_size, reference.device, task, task_ids, input_ids)
-            routing, order = self._sorted_routing(ids, batch_size, reference.device)
+            routing, order = self._sorted_routing(ids, batch_size)
             if order is not None:
                 input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = (
                     _take_rows(t, order)
@@ -330,11 +330,11 @@ class MoteBertModel(MoteBertPreTrainedModel):
         )
         return output if return_dict is not False else output.to_tuple()
 
-    def _sorted_routing(self, ids: torch.Tensor, batch_size: int, device) -> tuple[MoteRouting, torch.Tensor | None]:
+    def _sorted_routing(self, ids: torch.Tensor, batch_size: int) -> tuple[MoteRouting, torch.Tensor | None]:
         """Segments of the task-sorted batch and the sorting order (`None` for a single-task batch); one host
         sync, for the eager path."""
         counts = torch.bincount(ids, minlength=self.config.num_tasks).tolist()
-        self._check_experts_present([i for i, count in enumerate(counts) if count], device)
+        self._check_experts_present([i for i, count in enumerate(counts) if count])
         order = torch.argsort(ids, stable=True) if max(counts) < batch_size else None
         segments, start = [], 0
         for expert, count in enumerate(counts):
@@ -343,7 +343,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
                 start += count
         return MoteRouting(tuple(segments)), order
 
-    def _check_experts_present(self, experts: list[int], device: torch.device) -> None:
+    def _check_experts_present(self, experts: list[int]) -> None:
         """Raise a clear error when a requested task's experts were dropped or offloaded."""
         layer = self.encoder.layer[self.config.expert_layers[0]]
         for expert in experts:
@@ -354,8 +354,11 @@ class MoteBertModel(MoteBertPreTrainedModel):
                     f"Task {task!r} is not loaded: this model holds the experts of {self.config.active_tasks}. "
                     f"Load it without `active_tasks` (or with {task!r} in it) to use this task."
                 )
+            # Compared with the layer's own attention, not the input: under a device map the layer may sit
+            # on another device, or on `meta` while accelerate offloads it to CPU or disk (it brings the
+            # whole layer's weights at its forward); only `set_active_tasks` separates experts from their layer.
             where = module.attention_LayerNorm.weight.device
-            if where != device:
+            if where != layer.attention.self.query.weight.device:
                 raise ValueError(
                     f"The experts of task {task!r} are offloaded to {where}; call "
                     f"`model.set_active_tasks([..., {task!r}], offload_device=...)` to bring them back."
