@@ -43,6 +43,7 @@ from convert.checkpoint import (
     write_sentence_transformers_files,
 )
 from convert.layout import comoe_adapter_keys, moe_router_key, moe_stacked_key, mote_expert_key, mote_key
+from modeling.compat import REQUIREMENTS
 from modeling.configuration_comoe import CoMoeBertConfig
 from modeling.configuration_moe import MoeBertConfig
 from modeling.configuration_mote import DEFAULT_TASK_PREFIXES, MoteBertConfig
@@ -405,8 +406,9 @@ def upcycle(args) -> Path:
         type(model).register_for_auto_class("AutoModel")
         # save_pretrained copies the model's code (the registered classes and their sibling imports);
         # the Sentence-Transformers module is not reached from it, so it is copied here.
+        model.config.requirements = dict(REQUIREMENTS)  # not a field: saved as it is, kept by later saves
         model.save_pretrained(tmp, max_shard_size=args.max_shard_size)
-        copy_modeling_files(tmp, [upcycled.st_module.split(".")[0] + ".py"])
+        copy_modeling_files(tmp, [upcycled.st_module.split(".")[0] + ".py", "st_compat.py"])
         copy_tokenizer_files(source, tmp)
         write_sentence_transformers_files(
             source, tmp, upcycled.st_module, upcycled.prompts, default_prompt_name=upcycled.default_prompt_name

@@ -2,6 +2,9 @@
 contrastive loss between activated and inactivated experts (Feng et al., 2025, "CoMoE: Contrastive
 Representation for Mixture-of-Experts in Parameter-Efficient Fine-tuning")."""
 
+# transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
+# so every sibling this file needs, directly or not, is imported here by name.
+from .compat import DATACLASS_CONFIGS  # noqa: F401
 from .configuration_encoder import EncoderConfig, check_top_k, resolve_layer_indices
 
 # The linears of a BERT layer that can carry LoRA experts, by their name inside the layer, in the

@@ -4,8 +4,12 @@ This file is copied into saved model folders, so it imports only the standard li
 public transformers names.
 """
 
-from transformers import PreTrainedConfig
+import copy
+import inspect
+
 from transformers.activations import ACT2FN
+
+from .compat import DATACLASS_CONFIGS, ConfigBase
 
 
 def resolve_layer_indices(spec, num_hidden_layers: int, field_name: str) -> list[int]:
@@ -59,7 +63,7 @@ def check_top_k(num_local_experts: int, num_experts_per_tok: int) -> None:
         )
 
 
-class EncoderConfig(PreTrainedConfig):
+class EncoderConfig(ConfigBase):
     r"""
     Fields of a post-LayerNorm BERT encoder, named exactly as in transformers' `BertConfig` so that
     `bert`, `roberta` and `xlm-roberta` checkpoints map onto it. The model types of this package
@@ -106,6 +110,20 @@ class EncoderConfig(PreTrainedConfig):
     add_pooling_layer: bool = True
     source_model_type: str | None = None
 
+    if not DATACLASS_CONFIGS:
+
+        def __init__(self, **kwargs):
+            """transformers 4.x: the keyword `__init__` that 5.x derives from the annotated fields of this
+            class and its subclasses (values from `kwargs`, else the class defaults), then `__post_init__`."""
+            defaults = {}
+            for klass in reversed(type(self).__mro__[: type(self).__mro__.index(EncoderConfig) + 1]):
+                defaults.update({name: getattr(klass, name) for name in inspect.get_annotations(klass)})
+            values = {name: kwargs.pop(name, copy.deepcopy(default)) for name, default in defaults.items()}
+            ConfigBase.__init__(self, **kwargs)  # sets pad_token_id and friends first: ours win below
+            for name, value in values.items():
+                setattr(self, name, value)
+            self.__post_init__()
+
     def __post_init__(self, **kwargs):
         if self.hidden_act not in ACT2FN:
             raise ValueError(f"Unknown hidden_act {self.hidden_act!r}; expected one of {sorted(ACT2FN)}")
@@ -114,7 +132,8 @@ class EncoderConfig(PreTrainedConfig):
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
                 f"({self.num_attention_heads})"
             )
-        super().__post_init__(**kwargs)
+        if DATACLASS_CONFIGS:
+            super().__post_init__(**kwargs)
 
 
 __all__ = ["EncoderConfig", "resolve_layer_indices", "check_top_k"]

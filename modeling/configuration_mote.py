@@ -1,5 +1,8 @@
 """Configuration of MoTE, the Mixture of Task Experts encoder (Romero et al., 2025)."""
 
+# transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
+# so every sibling this file needs, directly or not, is imported here by name.
+from .compat import DATACLASS_CONFIGS  # noqa: F401
 from .configuration_encoder import EncoderConfig, resolve_layer_indices
 
 DEFAULT_TASK_PREFIXES = {

@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers import initialization as init
 from transformers.dynamic_module_utils import custom_object_save
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.utils import cached_file
 
+from .compat import init
 from .configuration_comoe import CoMoeBertConfig
+from .configuration_encoder import EncoderConfig  # noqa: F401 (transformers 4.x: see modeling_mote.py)
+from .configuration_moe import MoeBertConfig  # noqa: F401
 from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel
 from .modeling_moe import load_balancing_loss
 

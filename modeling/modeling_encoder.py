@@ -16,11 +16,10 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
-from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .compat import attention_function, create_bidirectional_mask
 from .configuration_encoder import EncoderConfig
 
 
@@ -123,9 +122,7 @@ class EncoderSelfAttention(nn.Module):
         query = self.query(hidden_states).view(shape).transpose(1, 2)  # (batch, heads, seq, head_dim)
         key = self.key(hidden_states).view(shape).transpose(1, 2)
         value = self.value(hidden_states).view(shape).transpose(1, 2)
-        attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
+        attention: Callable = attention_function(self.config._attn_implementation, eager_attention_forward)
         output, weights = attention(
             self,
             query,

@@ -16,12 +16,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.integrations import use_experts_implementation
 from transformers.modeling_outputs import BaseModelOutputWithPooling
-from transformers.utils.output_capturing import OutputRecorder
 
+from .compat import OutputRecorder, init, use_experts_implementation
+from .configuration_encoder import EncoderConfig  # noqa: F401 (transformers 4.x: see modeling_mote.py)
 from .configuration_moe import MoeBertConfig
 from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention, is_exporting
 

@@ -19,6 +19,10 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+# transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
+# so every sibling this file needs, directly or not, is imported here by name.
+from .compat import DATACLASS_CONFIGS  # noqa: F401
+from .configuration_encoder import EncoderConfig  # noqa: F401
 from .configuration_mote import MoteBertConfig
 from .modeling_encoder import (
     EncoderIntermediate,

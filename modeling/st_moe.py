@@ -15,13 +15,22 @@ from sentence_transformers.models import Transformer
 from transformers import AutoConfig
 from transformers.utils import cached_file
 
+from .st_compat import init_kwargs, output_name
+
 
 class MoeTransformer(Transformer):
     """`Transformer` that also returns the model's auxiliary loss as `features["aux_loss"]`."""
 
-    def _load_config(self, model_name_or_path: str, backend: str, config_kwargs: dict):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **init_kwargs(kwargs))
+
+    def _load_config(self, model_name_or_path: str, *args):
         """`Transformer._load_config`, except that a CoMoE adapter folder is not taken for a peft one:
-        its `config.json` is the model's config and the model loads its base itself."""
+        its `config.json` is the model's config and the model loads its base itself. `args` are
+        `(backend, config_kwargs)` on sentence-transformers 6, `(cache_dir, backend, config_args)` on 5."""
+        config_kwargs = dict(args[-1] or {})
+        if len(args) == 3 and args[0] is not None:
+            config_kwargs.setdefault("cache_dir", args[0])
         hub_kwargs = {
             k: config_kwargs[k] for k in ("cache_dir", "token", "revision", "local_files_only") if k in config_kwargs
         }
@@ -36,7 +45,7 @@ class MoeTransformer(Transformer):
             with open(found, encoding="utf-8") as handle:
                 if json.load(handle).get("peft_type") == "COMOE":
                     return AutoConfig.from_pretrained(model_name_or_path, **config_kwargs), False
-        return super()._load_config(model_name_or_path, backend, config_kwargs)
+        return super()._load_config(model_name_or_path, *args)
 
     def forward(self, features: dict, **kwargs) -> dict:
         """`Transformer.forward` (its dispatch and keyword filtering unchanged), plus `aux_loss`.
@@ -61,7 +70,7 @@ class MoeTransformer(Transformer):
         finally:
             handle.remove()
         if router_logits:
-            features["aux_loss"] = model.aux_loss(router_logits[0], features[self.module_output_name].device)
+            features["aux_loss"] = model.aux_loss(router_logits[0], features[output_name(self)].device)
         return features
 
 

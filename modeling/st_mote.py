@@ -10,6 +10,8 @@ prefixes from the token ids. Saved at the root of the model folder and named in 
 
 from sentence_transformers.models import Transformer
 
+from .st_compat import LEGACY, init_kwargs
+
 
 class MoteTransformer(Transformer):
     """`Transformer` whose `task` argument picks the expert of a `MoteBertModel`.
@@ -25,7 +27,7 @@ class MoteTransformer(Transformer):
     config_keys = Transformer.config_keys + ["prepend_task_prefix"]
 
     def __init__(self, *args, prepend_task_prefix: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **init_kwargs(kwargs))
         self.prepend_task_prefix = prepend_task_prefix
         tasks = getattr(self.auto_model.config, "tasks", None)
         if not tasks:
@@ -34,18 +36,23 @@ class MoteTransformer(Transformer):
                 f"{self.auto_model.config.model_type!r}"
             )
 
+    def task_name(self, task) -> str:
+        """The task (canonical name) of an `encode(..., task=...)` call; `ValueError` for a list or an unknown name."""
+        if not isinstance(task, str):
+            raise ValueError(
+                f"`task` takes one task name per call, got {type(task).__name__}; encode each task's texts "
+                "separately (per-row tasks: call the model directly with `task=[...]`)"
+            )
+        config = self.auto_model.config
+        return config.tasks[config.task_index(task)]  # ValueError listing valid tasks for an unknown name
+
     def preprocess(self, inputs, prompt: str | None = None, task: str | None = None, **kwargs) -> dict:
         """Tokenize like `Transformer.preprocess`; a named task is validated and, without a prompt,
         its prefix is put in front of the texts. The task itself reaches the model through the
         `task` forward argument (`encode`) or the `task` feature the trainer's collator sets."""
         config = self.auto_model.config
         if task is not None:
-            if not isinstance(task, str):
-                raise ValueError(
-                    f"`task` takes one task name per call, got {type(task).__name__}; encode each task's texts "
-                    "separately (per-row tasks: call the model directly with `task=[...]`)"
-                )
-            name = config.tasks[config.task_index(task)]  # ValueError listing valid tasks for an unknown name
+            name = self.task_name(task)
             if prompt is None or prompt in config.task_prefixes.values():
                 # No prompt, or a task's prefix (the model's default prompt, say): the named task's prefix.
                 prompt = config.task_prefixes[name] if self.prepend_task_prefix else None
@@ -57,6 +64,28 @@ class MoteTransformer(Transformer):
                 inputs = [t if not isinstance(t, str) or t.startswith(prefixes) else prompt + t for t in inputs]
                 prompt = None
         return super().preprocess(inputs, prompt=prompt, task=task, **kwargs)
+
+    if LEGACY:  # sentence-transformers 5.x: encode() has put the prompt in the text
+
+        def tokenize(self, texts, padding: str | bool = True, task: str | None = None, **kwargs):
+            """The rules of `preprocess`, applied to texts that already start with their prompt: with a task
+            named, a leading task prefix becomes the named task's; without, the default prompt is taken off
+            a text that starts with another task prefix after it."""
+            config = self.auto_model.config
+            prefixes = sorted(config.task_prefixes.values(), key=len, reverse=True)
+            default = config.task_prefixes.get(config.default_task) if config.default_task else None
+            routed = []
+            for text in texts:
+                if isinstance(text, str) and task is not None:
+                    lead = next((p for p in prefixes if text.startswith(p)), "")
+                    text = (config.task_prefixes[self.task_name(task)] if self.prepend_task_prefix else "") + text[
+                        len(lead) :
+                    ]
+                elif isinstance(text, str) and default and text.startswith(default):
+                    if text[len(default) :].startswith(tuple(prefixes)):
+                        text = text[len(default) :]
+                routed.append(text)
+            return super().tokenize(routed, padding=padding)
 
 
 __all__ = ["MoteTransformer"]

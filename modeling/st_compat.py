@@ -1,0 +1,29 @@
+"""What the Sentence-Transformers modules of this package need to run on sentence-transformers 5.x as on 6.x.
+
+sentence-transformers 6 calls `preprocess(inputs, prompt=..., task=...)` on the input module and saves
+module settings that 5.x does not know (`transformer_task`, `modality_config`, `module_output_name`);
+5.x puts the prompt into the texts itself, calls `tokenize(texts, task=...)`, and its `Transformer`
+takes only its own arguments. This file is copied into saved model folders beside the modules.
+"""
+
+import inspect
+
+from sentence_transformers.models import Transformer
+
+LEGACY = not hasattr(Transformer, "preprocess")  # sentence-transformers 5.x
+
+
+def init_kwargs(kwargs: dict) -> dict:
+    """`kwargs` for `Transformer.__init__`: on 5.x without the settings that only 6.x saves and reads."""
+    if not LEGACY:
+        return kwargs
+    accepted = inspect.signature(Transformer.__init__).parameters
+    return {key: value for key, value in kwargs.items() if key in accepted}
+
+
+def output_name(module: Transformer) -> str:
+    """The feature that holds the token embeddings (`module_output_name` on 6.x)."""
+    return getattr(module, "module_output_name", "token_embeddings")
+
+
+__all__ = ["LEGACY", "init_kwargs", "output_name"]

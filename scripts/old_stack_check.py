@@ -1,0 +1,97 @@
+"""Load-and-compare across library versions: folders written on this project's stack must give the same
+embeddings on the oldest supported one (transformers 4.57, sentence-transformers 5.1).
+
+    .venv/bin/python scripts/old_stack_check.py make DIR            # new stack: folders + expected outputs
+    .venv-oldstack/bin/python scripts/old_stack_check.py check DIR  # old stack: load them, compare
+
+`make` upcycles the bundled MiniLM to MoTE (experts perturbed, so that routing shows), to the token-routed
+MoE (expert noise) and to CoMoE (LoRA B perturbed), and saves every case's output in `DIR/expected.json`.
+`check` runs where this repository is not importable (the folders carry their code), computes the same
+cases and exits 1 when any differs by more than 1e-5. `scripts/test_old_stack.sh` runs both.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+TEXTS = ["who was isaac newton?", "Stocks fell sharply on Wall Street today after the announcement."]
+# MoTE and CoMoE are bit-identical; the MoE differs in the last bits because transformers 5 runs its experts
+# with `grouped_mm` by default and 4.x, which has no experts backends, with the eager loop.
+TOLERANCE = 1e-5
+
+
+def cases(folder: Path, family: str) -> dict[str, list]:
+    """Every output a user reads, computed with whatever transformers / sentence-transformers are installed."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
+    model = AutoModel.from_pretrained(str(folder), trust_remote_code=True).eval()
+    prefixed = ["search_query: " + TEXTS[0], "clustering: " + TEXTS[1]] if family == "mote" else TEXTS
+    with torch.no_grad():
+        hidden = model(**tokenizer(prefixed, padding=True, return_tensors="pt")).last_hidden_state
+    st = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
+    out = {"automodel": hidden.tolist(), "encode": st.encode(TEXTS).tolist()}
+    if family == "mote":
+        out["task=clustering"] = st.encode(TEXTS, task="clustering").tolist()
+        out["encode_query"] = st.encode_query(TEXTS).tolist()
+        out["encode_document"] = st.encode_document(TEXTS).tolist()
+        out["prompt_name=query"] = st.encode(TEXTS, prompt_name="query").tolist()
+        out["pre-prefixed"] = st.encode(prefixed).tolist()
+    return out
+
+
+def make(out: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from convert.upcycle import main as upcycle
+
+    upcycle(["--output", str(out / "mote")])
+    upcycle(["--arch", "moe", "--expert-noise", "0.02", "--output", str(out / "moe")])
+    upcycle(["--arch", "comoe", "--output", str(out / "comoe")])
+    generator = torch.Generator().manual_seed(0)
+    for family in ("mote", "comoe"):  # make the experts differ, as training would, in the converter's folder
+        path = out / family / "model.safetensors"
+        state = load_file(str(path))
+        for name, tensor in state.items():
+            if ".experts." in name or "lora_B" in name:
+                state[name] = tensor + torch.randn(tensor.shape, generator=generator) * 0.02
+        save_file(state, str(path), metadata={"format": "pt"})
+    expected = {family: cases(out / family, family) for family in ("mote", "moe", "comoe")}
+    (out / "expected.json").write_text(json.dumps(expected))
+
+
+def check(out: Path) -> int:
+    import sentence_transformers
+    import torch
+    import transformers
+
+    expected = json.loads((out / "expected.json").read_text())
+    print(
+        f"transformers {transformers.__version__}, sentence-transformers {sentence_transformers.__version__}, "
+        f"torch {torch.__version__}"
+    )
+    worst = 0.0
+    for family, outputs in expected.items():
+        got = cases(out / family, family)
+        for case, values in outputs.items():
+            diff = (torch.tensor(got[case]) - torch.tensor(values)).abs().max().item()
+            worst = max(worst, diff)
+            print(f"{family:6} {case:18} max |old - new| = {diff:.2e}")
+    print(f"worst {worst:.2e} (tolerance {TOLERANCE:g})")
+    return 0 if worst <= TOLERANCE else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] not in ("make", "check"):
+        sys.exit(f"usage: {sys.argv[0]} make|check DIR")
+    folder = Path(sys.argv[2])
+    if sys.argv[1] == "make":
+        make(folder)
+    else:
+        sys.exit(check(folder))
