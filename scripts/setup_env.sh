@@ -9,4 +9,4 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet "${MOE_EMBED_TORCH:-torch==2.13.0}"
-.venv/bin/python -m pip install --quiet -e ".[dev,train,analysis]"
+.venv/bin/python -m pip install --quiet -e ".[dev,train,analysis,onnx]"
