@@ -14,7 +14,6 @@ compiled and eager, in interleaved rounds, with the ratio compiled / eager.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from benchmarks.common import batch_of, prepare, time_forward, timing_parser
+from benchmarks.common import batch_of, median_rates, prepare, timing_parser
 from convert.upcycle import main as upcycle
 from modeling.modeling_mote import MoteBertModel
 
@@ -58,11 +57,8 @@ def bench(model, name: str, shapes, args) -> list[str]:
         compile_seconds = time.perf_counter() - start
         graphs = counters["stats"]["unique_graphs"]
         for (batch_size, seq_len), batch in zip(shapes, batches, strict=True):
-            timings = {"eager": [], "compiled": []}
-            for _ in range(args.repeats):
-                timings["eager"].append(time_forward(model, batch, args.min_time))
-                timings["compiled"].append(time_forward(compiled, batch, args.min_time))
-            eager, fast = statistics.median(timings["eager"]), statistics.median(timings["compiled"])
+            rates = median_rates({"eager": model, "compiled": compiled}, batch, args.repeats, args.min_time)
+            eager, fast = rates["eager"], rates["compiled"]
             rows.append(
                 f"| {name} | {batch_size} | {seq_len} | {eager:.1f} | {fast:.1f} | {fast / eager:.2f} "
                 f"| {graphs} | {compile_seconds:.0f} |"

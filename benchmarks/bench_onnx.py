@@ -14,7 +14,6 @@ median sequences/s of each, in interleaved rounds, and the ratio onnxruntime / P
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ if __package__ in (None, ""):
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.common import batch_of, prepare, time_forward, timing_parser
+from benchmarks.common import batch_of, median_rates, prepare, timing_parser
 from convert.export_onnx import SentenceEmbeddingGraph, load_model, st_head
 from convert.export_onnx import main as export_onnx
 from convert.upcycle import main as upcycle
@@ -48,11 +47,8 @@ def bench_graph(name: str, source: Path, onnx_folder: Path, task: str | None, sh
         def run_onnx(feeds=feeds, **_):
             return session.run(["sentence_embedding"], feeds)
 
-        timings = {"torch": [], "onnx": []}
-        for _ in range(args.repeats):
-            timings["torch"].append(time_forward(graph, batch, args.min_time))
-            timings["onnx"].append(time_forward(run_onnx, batch, args.min_time))
-        torch_rate, onnx_rate = statistics.median(timings["torch"]), statistics.median(timings["onnx"])
+        rates = median_rates({"torch": graph, "onnx": run_onnx}, batch, args.repeats, args.min_time)
+        torch_rate, onnx_rate = rates["torch"], rates["onnx"]
         rows.append(
             f"| {name} | {batch_size} | {seq_len} | {torch_rate:.1f} | {onnx_rate:.1f} | {onnx_rate / torch_rate:.2f} |"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -37,6 +38,16 @@ def time_forward(model, batch: dict, min_time: float) -> float:
             elapsed = time.perf_counter() - start
             if elapsed >= min_time:
                 return calls * batch["input_ids"].shape[0] / elapsed
+
+
+def median_rates(models: dict, batch: dict, repeats: int, min_time: float) -> dict[str, float]:
+    """Median sequences/s of each of `models` (name -> callable taking `**batch`), timed in `repeats`
+    interleaved rounds so that a slow moment of the machine hits them all alike."""
+    timings = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, model in models.items():
+            timings[name].append(time_forward(model, batch, min_time))
+    return {name: statistics.median(values) for name, values in timings.items()}
 
 
 def batch_of(model, batch_size: int, seq_len: int) -> dict:
