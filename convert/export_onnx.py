@@ -139,6 +139,8 @@ def export_graph(graph: SentenceEmbeddingGraph, inputs: tuple, path: Path, opset
     outputs = ["token_embeddings", "sentence_embedding"]
     if graph.routed:
         shapes["task_ids"], names, outputs = {0: batch}, [*names, "task_ids"], [*outputs, "routed_task_ids"]
+    for name in ("onnxscript", "onnx_ir"):  # their optimiser passes log every rewrite at INFO
+        logging.getLogger(name).setLevel(logging.WARNING)
     large = sum(p.numel() * p.element_size() for p in graph.parameters()) > 1.5 * 2**30  # protobuf's 2 GiB
     with torch.no_grad():
         program = torch.onnx.export(
