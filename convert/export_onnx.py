@@ -66,6 +66,7 @@ class SentenceEmbeddingGraph(nn.Module):
         super().__init__()
         self.model, self.pooling, self.normalize, self.task = model, pooling, normalize, task
         self.routed = model.config.model_type == "mote_bert" and task is None
+        self.eval()  # an inference graph: no dropout, no aux losses
 
     def forward(self, input_ids, attention_mask, task_ids=None):
         kwargs = {"task": self.task} if self.task else {"task_ids": task_ids} if self.routed else {}
