@@ -383,3 +383,41 @@ def parse_dtype(name: str) -> torch.dtype:
     if name not in dtypes:
         raise UsageError(f"unknown dtype {name!r}; expected one of {', '.join(dtypes)}")
     return dtypes[name]
+
+
+# sentence-transformers 6 saves its modules under new import paths and the pooling settings under new
+# names; 6.x reads the 5.x forms too, 5.x reads only its own.
+PORTABLE_MODULES = {
+    "Pooling": "sentence_transformers.models.Pooling",
+    "Normalize": "sentence_transformers.models.Normalize",
+}
+POOLING_FLAGS = {
+    "cls": "pooling_mode_cls_token",
+    "mean": "pooling_mode_mean_tokens",
+    "max": "pooling_mode_max_tokens",
+    "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
+    "weightedmean": "pooling_mode_weightedmean_tokens",
+    "lasttoken": "pooling_mode_lasttoken",
+}
+
+
+def write_portable_module_files(folder: Path) -> None:
+    """Rewrite a folder saved by sentence-transformers 6 so that 5.x loads it as well: the Pooling and
+    Normalize entries of `modules.json` under their 5.x paths and the Pooling settings in the 5.x form.
+    Other modules (ours, at the folder root) are left as they are."""
+    folder = Path(folder)
+    modules = read_json(folder / "modules.json")
+    for entry in modules:
+        kind = entry["type"].rsplit(".", 1)[-1]
+        if entry["type"].startswith("sentence_transformers.") and kind in PORTABLE_MODULES:
+            entry["type"] = PORTABLE_MODULES[kind]
+        if kind == "Pooling":
+            path = folder / entry["path"] / "config.json"
+            config = read_json(path)
+            if "pooling_mode" in config:
+                modes = config.pop("pooling_mode")
+                modes = [modes] if isinstance(modes, str) else list(modes)
+                legacy = {"word_embedding_dimension": config.pop("embedding_dimension")}
+                legacy.update({POOLING_FLAGS[mode]: True for mode in modes})
+                write_json(path, {**legacy, **config})
+    write_json(folder / "modules.json", modules)

@@ -26,3 +26,28 @@ def test_folders_state_the_versions_they_need(mote_dir):
     assert read_json(f"{mote_dir}/config.json")["requirements"] == REQUIREMENTS
     card = open(f"{mote_dir}/README.md").read()
     assert "Runs on sentence-transformers >=5.1, torch >=2.4, transformers >=4.57" in card
+
+
+def test_portable_module_files_load_alike_on_sentence_transformers_6(mote_dir, tmp_path):
+    """A folder saved by sentence-transformers 6 (as training saves) rewritten to the 5.x module forms
+    loads on 6.x with the same embeddings (`scripts/test_old_stack.sh` loads it on 5.1)."""
+    from sentence_transformers import SentenceTransformer
+
+    from convert.checkpoint import write_portable_module_files
+
+    original = SentenceTransformer(mote_dir, trust_remote_code=True)
+    original.save(str(tmp_path / "resaved"))
+    write_portable_module_files(tmp_path / "resaved")
+    modules = read_json(tmp_path / "resaved" / "modules.json")
+    assert [m["type"] for m in modules[1:]] == [
+        "sentence_transformers.models.Pooling",
+        "sentence_transformers.models.Normalize",
+    ]
+    pooling = read_json(tmp_path / "resaved" / "1_Pooling" / "config.json")
+    assert pooling["word_embedding_dimension"] == 384 and pooling["pooling_mode_mean_tokens"] is True
+    reloaded = SentenceTransformer(str(tmp_path / "resaved"), trust_remote_code=True)
+    for kwargs in ({}, {"task": "clustering"}, {"prompt_name": "query"}):
+        assert torch.equal(
+            reloaded.encode(TEXTS, convert_to_tensor=True, **kwargs),
+            original.encode(TEXTS, convert_to_tensor=True, **kwargs),
+        )

@@ -42,6 +42,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from convert.checkpoint import write_portable_module_files
 from moe_embed_cli import UsageError, run_cli
 from training.config import AdapterConfig, DatasetSpec, LossConfig, TrainingConfig, describe_options, load_config
 from training.tasks import column_prompts, task_type
@@ -256,6 +257,7 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
             write_adapter_folder(scratch / "full", Path(output_dir))
         else:
             model.save(output_dir)
+            write_portable_module_files(Path(output_dir))  # loadable by sentence-transformers 5.x too
         logger.info("saved the trained model to %s", output_dir)
     return model
 
