@@ -37,7 +37,7 @@ def bench_graph(name: str, source: Path, onnx_folder: Path, task: str | None, sh
     options.intra_op_num_threads = torch.get_num_threads()
     session = onnxruntime.InferenceSession(str(onnx_folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
     model = load_model(source, task)
-    graph = SentenceEmbeddingGraph(model, *st_head(source), task=task)
+    graph = SentenceEmbeddingGraph(model, st_head(source, model.config.hidden_size), task)
     inputs = [i.name for i in session.get_inputs()]
     rows = []
     for batch_size, seq_len in tqdm(shapes, desc=name, unit="shape"):

@@ -1,4 +1,4 @@
-"""Export a MoTE, token-routed MoE or CoMoE folder to ONNX, with pooling and normalisation in the graph.
+"""Export a MoTE, token-routed MoE or CoMoE folder to ONNX, with its pooling and normalisation in the graph.
 
     python convert/export_onnx.py models/mote-minilm --output models/mote-minilm-onnx                # routed
     python convert/export_onnx.py models/mote-minilm --task query --output models/minilm-query-onnx  # one task
@@ -15,7 +15,7 @@ task id -1. `--task` exports one task's experts as a plain graph at the dense mo
 
 The model is traced with this package's model code (whatever code the folder carries), by
 `torch.onnx.export(..., dynamo=True)`. The output folder holds `model.onnx`, the tokenizer,
-`onnx_config.json` (inputs, outputs, pooling, prompts, tasks) and a README; every export is checked
+`onnx_config.json` (inputs, outputs, head modules, prompts, tasks) and a README; every export is checked
 against PyTorch on batches unlike the example (other task mixes, padding, lengths, batch size 1) and
 refused when any output differs by more than `--tolerance`.
 """
@@ -47,7 +47,6 @@ from moe_embed_cli import UsageError, run_cli
 logger = logging.getLogger("export_onnx")
 
 SUPPORTED = {"mote_bert": "MoTE", "moe_bert": "token-routed MoE", "comoe_bert": "CoMoE"}
-POOLING_MODES = ("cls", "mean", "max")
 CHECK_TEXTS = [
     "Isaac Newton formulated the laws of motion and universal gravitation.",
     "stocks fell",
@@ -59,56 +58,38 @@ CHECK_TEXTS = [
 
 
 class SentenceEmbeddingGraph(nn.Module):
-    """The model, then Sentence-Transformers' pooling (`cls` / `mean` / `max`) and optional L2 normalisation:
-    `(input_ids, attention_mask[, task_ids]) -> (token_embeddings, sentence_embedding[, task_ids])`."""
+    """The model, then the folder's own Sentence-Transformers modules after it (`Pooling`, `Normalize`, ...):
+    `(input_ids, attention_mask[, task_ids]) -> (token_embeddings, sentence_embedding[, routed_task_ids])`."""
 
-    def __init__(self, model: nn.Module, pooling: str, normalize: bool, task: str | None = None):
+    def __init__(self, model: nn.Module, head: list[nn.Module], task: str | None = None):
         super().__init__()
-        self.model, self.pooling, self.normalize, self.task = model, pooling, normalize, task
+        self.model, self.head, self.task = model, nn.ModuleList(head), task
         self.routed = model.config.model_type == "mote_bert" and task is None
         self.eval()  # an inference graph: no dropout, no aux losses
 
     def forward(self, input_ids, attention_mask, task_ids=None):
         kwargs = {"task": self.task} if self.task else {"task_ids": task_ids} if self.routed else {}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        tokens = out.last_hidden_state
-        mask = attention_mask.unsqueeze(-1).to(tokens.dtype)
-        if self.pooling == "cls":
-            sentence = tokens[:, 0]
-        elif self.pooling == "max":
-            sentence = tokens.masked_fill(mask == 0, -1e9).amax(dim=1)
-        else:
-            sentence = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-        if self.normalize:
-            sentence = nn.functional.normalize(sentence, p=2, dim=1)
+        features = {"token_embeddings": out.last_hidden_state, "attention_mask": attention_mask}
+        for module in self.head:
+            features = module(features)
+        tokens, sentence = out.last_hidden_state, features["sentence_embedding"]
         return (tokens, sentence, out.task_ids) if self.routed else (tokens, sentence)
 
 
-def st_head(folder: Path) -> tuple[str, bool]:
-    """`(pooling, normalize)` from the folder's `modules.json` (mean pooling without it)."""
+def st_head(folder: Path, hidden_size: int) -> list[nn.Module]:
+    """The Sentence-Transformers modules after the input module, loaded from the folder as
+    `SentenceTransformer` loads them (mean pooling when the folder has no `modules.json`)."""
+    from sentence_transformers.models import Pooling
+    from sentence_transformers.util import import_from_string
+
     if not (folder / "modules.json").is_file():
         logger.warning("%s has no modules.json: mean pooling, no normalisation", folder)
-        return "mean", False
-    pooling, normalize = None, False
-    for entry in read_json(folder / "modules.json")[1:]:
-        kind = entry["type"].rsplit(".", 1)[-1]
-        if kind == "Pooling":
-            config = read_json(folder / entry["path"] / "config.json")
-            modes = config.get("pooling_mode")  # sentence-transformers 6: a name or a list of names
-            if modes is None:  # sentence-transformers 5: one boolean per mode
-                modes = [m.split("_")[2] for m in config if m.startswith("pooling_mode_") and config[m]]
-            modes = [modes] if isinstance(modes, str) else list(modes)
-            if len(modes) != 1 or modes[0] not in POOLING_MODES or config.get("include_prompt") is False:
-                raise UsageError(
-                    f"{folder / entry['path']} pools by {modes}; the graph supports one of cls, mean or max "
-                    "(with the prompt included)"
-                )
-            pooling = modes[0]
-        elif kind == "Normalize":
-            normalize = True
-        else:
-            raise UsageError(f"{folder}/modules.json has a {kind} module; the graph supports Pooling and Normalize")
-    return pooling or "mean", normalize
+        return [Pooling(hidden_size)]
+    head = [import_from_string(e["type"]).load(str(folder / e["path"])) for e in read_json(folder / "modules.json")[1:]]
+    if any(getattr(module, "include_prompt", True) is False for module in head):
+        raise UsageError(f"{folder} pools without the prompt tokens, which needs the prompt length: not exported")
+    return head
 
 
 def load_model(folder: Path, task: str | None = None) -> nn.Module:
@@ -219,14 +200,14 @@ def export(args) -> Path:
     refuse_overlap(folder, output)
     if output.exists() and not args.overwrite:
         raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
-    pooling, normalize = st_head(folder)
+    head = st_head(folder, config["hidden_size"])
     tokenizer = load_tokenizer(folder, trust_remote_code=True)
     try:
         model = load_model(folder, args.task)
         task = model.config.tasks[model.config.task_index(args.task)] if args.task else None
     except ValueError as error:  # unknown task: the message lists the valid ones
         raise UsageError(str(error)) from None
-    graph = SentenceEmbeddingGraph(model, pooling, normalize, task)
+    graph = SentenceEmbeddingGraph(model, head, task)
     config = model.config
     if graph.routed:  # two tasks: one read from the prefix, one named by id
         texts, ids = [config.task_prefixes[config.tasks[0]] + "an example", "two"], [-1, config.num_tasks - 1]
@@ -259,8 +240,7 @@ def onnx_config(folder: Path, graph: SentenceEmbeddingGraph, tokenizer, opset: i
         "source_model_type": config.model_type,
         "inputs": ["input_ids", "attention_mask", *(["task_ids"] if graph.routed else [])],
         "outputs": ["token_embeddings", "sentence_embedding", *(["routed_task_ids"] if graph.routed else [])],
-        "pooling": graph.pooling,
-        "normalize": graph.normalize,
+        "sentence_transformers_modules": [type(module).__name__ for module in graph.head],
         "max_length": config.max_position_embeddings - config.position_offset,
         "pad_token_id": tokenizer.pad_token_id,
         "prompts": st_config.get("prompts") or {},
@@ -291,8 +271,9 @@ def usage(folder: Path, graph: SentenceEmbeddingGraph, tokenizer) -> str:
         prefix = graph.model.config.task_prefixes[task]
     return f"""# ONNX export of `{folder.name}`
 
-Made by moe-embed's `convert/export_onnx.py`; `onnx_config.json` lists the inputs, outputs, pooling
-({graph.pooling}{", normalised" if graph.normalize else ""}) and prompts. Put a task's prefix in front of each text.
+Made by moe-embed's `convert/export_onnx.py`; `onnx_config.json` lists the inputs, outputs, the
+Sentence-Transformers modules in the graph ({", ".join(type(m).__name__ for m in graph.head)}) and prompts. Put a task's
+prefix in front of each text.
 {routing}
 ```python
 import numpy as np

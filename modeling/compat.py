@@ -48,12 +48,18 @@ except ImportError:
     from transformers.utils.generic import OutputRecorder
 
 
+def is_exporting() -> bool:
+    """Whether this forward pass is being traced or compiled (ONNX export, `torch.export`, `torch.jit.trace`,
+    `torch.compile`), where the model takes its graph-safe path: no host syncs (`.tolist()`, `bool(tensor)`),
+    no Python branches on tensor values, every routing decision made by tensor ops inside the graph."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
+
+
 def legacy_bidirectional_mask(config, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None):
     """transformers 5's padding mask for a bidirectional encoder, for 4.x (see the module docstring)."""
     if attention_mask is None:
         return None
-    tracing = torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
-    if not tracing and bool(attention_mask.all()):
+    if not is_exporting() and bool(attention_mask.all()):
         return None
     keep = attention_mask[:, None, None, :].to(torch.bool)
     if config._attn_implementation == "sdpa":
@@ -82,6 +88,7 @@ def attention_function(implementation: str, eager):
 
 __all__ = [
     "REQUIREMENTS",
+    "is_exporting",
     "ConfigBase",
     "DATACLASS_CONFIGS",
     "init",

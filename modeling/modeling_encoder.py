@@ -19,15 +19,8 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from .compat import attention_function, create_bidirectional_mask
+from .compat import attention_function, create_bidirectional_mask, is_exporting
 from .configuration_encoder import EncoderConfig
-
-
-def is_exporting() -> bool:
-    """Whether this forward pass is being traced or compiled (ONNX export, `torch.export`, `torch.jit.trace`,
-    `torch.compile`), where the model takes its graph-safe path: no host syncs (`.tolist()`, `bool(tensor)`),
-    no Python branches on tensor values, every routing decision made by tensor ops inside the graph."""
-    return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
 
 
 @dataclass
@@ -349,7 +342,6 @@ class EncoderPreTrainedModel(PreTrainedModel):
 
 
 __all__ = [
-    "is_exporting",
     "EncoderEmbeddings",
     "EncoderSelfAttention",
     "EncoderAttention",

@@ -19,10 +19,10 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from .compat import OutputRecorder, init, use_experts_implementation
+from .compat import OutputRecorder, init, is_exporting, use_experts_implementation
 from .configuration_encoder import EncoderConfig  # noqa: F401 (transformers 4.x: see modeling_mote.py)
 from .configuration_moe import MoeBertConfig
-from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention, is_exporting
+from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention
 
 
 @dataclass

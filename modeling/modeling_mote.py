@@ -21,16 +21,10 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 # transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
 # so every sibling this file needs, directly or not, is imported here by name.
-from .compat import DATACLASS_CONFIGS  # noqa: F401
+from .compat import is_exporting
 from .configuration_encoder import EncoderConfig  # noqa: F401
 from .configuration_mote import MoteBertConfig
-from .modeling_encoder import (
-    EncoderIntermediate,
-    EncoderLayer,
-    EncoderOutput,
-    EncoderPreTrainedModel,
-    is_exporting,
-)
+from .modeling_encoder import EncoderIntermediate, EncoderLayer, EncoderOutput, EncoderPreTrainedModel
 
 
 @dataclass
@@ -154,8 +148,8 @@ def resolve_task_ids(
             )
     else:
         ids = torch.full((batch_size,), -1, dtype=torch.long, device=device)
-    if input_ids is not None and bool((ids < 0).any()):
-        ids = torch.where(ids >= 0, ids, detect_task_ids(input_ids, config))
+    if input_ids is not None:
+        ids = graph_task_ids(config, input_ids, ids)
     unresolved = ids < 0
     if bool(unresolved.any()):
         if config.default_task is None:
@@ -171,9 +165,10 @@ def resolve_task_ids(
 
 
 def graph_task_ids(config: MoteBertConfig, input_ids: torch.Tensor, task_ids=None) -> torch.LongTensor:
-    """Expert index per row by tensor ops only, for traced graphs (ONNX): a `task_ids` entry >= 0 wins, a
-    row with -1 (or no `task_ids`) is routed by its prefix, then `config.default_task`. A row that none of
-    these resolve, or an id out of range, stays unrouted: the graph cannot raise, so its outputs are NaN."""
+    """Expert index per row by tensor ops only: a `task_ids` entry >= 0 wins, a row with -1 (or no
+    `task_ids`) is routed by its prefix, then `config.default_task`; -1 where none of these resolve it.
+    The part of `resolve_task_ids` a traced graph can run: it cannot raise, so the forward pass gives the
+    rows left unrouted (or with an id out of range) NaN outputs there."""
     ids = detect_task_ids(input_ids, config)
     if config.default_task is not None:
         ids = ids.masked_fill(ids < 0, config.tasks.index(config.default_task))

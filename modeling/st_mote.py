@@ -46,44 +46,45 @@ class MoteTransformer(Transformer):
         config = self.auto_model.config
         return config.tasks[config.task_index(task)]  # ValueError listing valid tasks for an unknown name
 
-    def preprocess(self, inputs, prompt: str | None = None, task: str | None = None, **kwargs) -> dict:
-        """Tokenize like `Transformer.preprocess`; a named task is validated and, without a prompt,
-        its prefix is put in front of the texts. The task itself reaches the model through the
-        `task` forward argument (`encode`) or the `task` feature the trainer's collator sets."""
+    def route_prompt(self, prompt: str | None, text: str, task: str | None) -> str | None:
+        """The prompt to put in front of `text`. With a task named, a missing prompt or one that is some task's
+        prefix (the folder's default prompt, say) becomes the named task's prefix, so that expert and prefix
+        agree (`None` when `prepend_task_prefix` is off); with no task, the default prompt is not put in front
+        of a text that already starts with a task prefix, so that it keeps its own expert."""
         config = self.auto_model.config
+        prefixes = tuple(config.task_prefixes.values())
         if task is not None:
-            name = self.task_name(task)
-            if prompt is None or prompt in config.task_prefixes.values():
-                # No prompt, or a task's prefix (the model's default prompt, say): the named task's prefix.
-                prompt = config.task_prefixes[name] if self.prepend_task_prefix else None
-        else:
-            default = config.task_prefixes.get(config.default_task) if config.default_task else None
-            if prompt is not None and prompt == default:
-                # The default prompt: a text that already starts with a task prefix keeps its own routing.
-                prefixes = tuple(config.task_prefixes.values())
-                inputs = [t if not isinstance(t, str) or t.startswith(prefixes) else prompt + t for t in inputs]
+            if prompt is None or prompt in prefixes:
+                return config.task_prefixes[self.task_name(task)] if self.prepend_task_prefix else None
+            return prompt
+        default = config.task_prefixes.get(config.default_task) if config.default_task else None
+        return None if prompt is not None and prompt == default and text.startswith(prefixes) else prompt
+
+    def preprocess(self, inputs, prompt: str | None = None, task: str | None = None, **kwargs) -> dict:
+        """Tokenize like `Transformer.preprocess`, the prompt chosen by `route_prompt`. The task itself reaches
+        the model through the `task` forward argument (`encode`) or the `task` feature the trainer's collator
+        sets."""
+        if task is not None:  # one prompt for the whole call
+            prompt = self.route_prompt(prompt, "", task)
+        elif prompt is not None:
+            prompts = [self.route_prompt(prompt, t, None) if isinstance(t, str) else prompt for t in inputs]
+            if any(p != prompt for p in prompts):  # it differs per text: put each in front here
+                inputs = [(p or "") + t if isinstance(t, str) else t for p, t in zip(prompts, inputs, strict=True)]
                 prompt = None
         return super().preprocess(inputs, prompt=prompt, task=task, **kwargs)
 
     if LEGACY:  # sentence-transformers 5.x: encode() has put the prompt in the text
 
         def tokenize(self, texts, padding: str | bool = True, task: str | None = None, **kwargs):
-            """The rules of `preprocess`, applied to texts that already start with their prompt: with a task
-            named, a leading task prefix becomes the named task's; without, the default prompt is taken off
-            a text that starts with another task prefix after it."""
-            config = self.auto_model.config
-            prefixes = sorted(config.task_prefixes.values(), key=len, reverse=True)
-            default = config.task_prefixes.get(config.default_task) if config.default_task else None
+            """`route_prompt` on texts that already start with their prompt: a leading task prefix is taken
+            for the prompt."""
+            prefixes = sorted(self.auto_model.config.task_prefixes.values(), key=len, reverse=True)
             routed = []
             for text in texts:
-                if isinstance(text, str) and task is not None:
-                    lead = next((p for p in prefixes if text.startswith(p)), "")
-                    text = (config.task_prefixes[self.task_name(task)] if self.prepend_task_prefix else "") + text[
-                        len(lead) :
-                    ]
-                elif isinstance(text, str) and default and text.startswith(default):
-                    if text[len(default) :].startswith(tuple(prefixes)):
-                        text = text[len(default) :]
+                if isinstance(text, str):
+                    lead = next((p for p in prefixes if text.startswith(p)), None)
+                    body = text[len(lead) :] if lead else text
+                    text = (self.route_prompt(lead, body, task) or "") + body
                 routed.append(text)
             return super().tokenize(routed, padding=padding)
 

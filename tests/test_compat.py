@@ -19,7 +19,7 @@ def test_legacy_padding_mask_gives_the_same_outputs(implementation, mote_dir, to
         monkeypatch.setattr("modeling.modeling_encoder.create_bidirectional_mask", legacy_bidirectional_mask)
         got = model(**batch).last_hidden_state
     real = batch["attention_mask"].bool()
-    assert torch.equal(got[real], expected[real])
+    assert torch.allclose(got[real], expected[real], atol=1e-6)  # masks of other shapes may take other kernels
 
 
 def test_folders_state_the_versions_they_need(mote_dir):

@@ -1,6 +1,7 @@
 """convert/export_onnx.py: graphs that route like the PyTorch model on batches unlike their example input."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import torch
 from conftest import TEXTS, read_json, run_isolated, run_main, save_trained_copy, tiny_family_model, tiny_mote_config
 from sentence_transformers import SentenceTransformer
+from sentence_transformers.models import Pooling
 
 from convert.export_onnx import SentenceEmbeddingGraph, export_graph
 from convert.export_onnx import main as export_main
@@ -100,7 +102,7 @@ def test_onnx_folder_embeds_without_torch(mote_graph):
 def test_moe_graph_keeps_padding_and_routing(implementation, tmp_path):
     """Traced on an unpadded batch, the graph still masks padding and routes every token of other batches."""
     model = tiny_family_model("moe_bert", experts_implementation=implementation).eval()
-    graph = SentenceEmbeddingGraph(model, "mean", normalize=False)
+    graph = SentenceEmbeddingGraph(model, [Pooling(model.config.hidden_size)])
     export_graph(
         graph, (torch.randint(5, 120, (2, 7)), torch.ones(2, 7, dtype=torch.long)), tmp_path / "model.onnx", None
     )
@@ -118,7 +120,7 @@ def test_strict_mote_graph_marks_unrouted_rows_nan(tmp_path):
     from modeling.modeling_mote import MoteBertModel
 
     model = MoteBertModel(tiny_mote_config()).eval()  # no default task
-    graph = SentenceEmbeddingGraph(model, "mean", normalize=False)
+    graph = SentenceEmbeddingGraph(model, [Pooling(model.config.hidden_size)])
     prefixed = [101, 3945, 1035, 23032, 1024, 2040, 102]  # [CLS] search_query: who [SEP]
     example = (torch.tensor([prefixed, prefixed]), torch.ones(2, 7, dtype=torch.long), torch.tensor([-1, 3]))
     export_graph(graph, example, tmp_path / "model.onnx", None)
@@ -153,6 +155,7 @@ def test_moe_and_comoe_folders_export(moe_dir, comoe_dir, tmp_path, tokenizer, c
         ("opset", "--opset must lie in 18..23"),
         ("aea", "is an AEA folder"),
         ("exists", "already exists; pass --overwrite"),
+        ("prompt-excluded", "pools without the prompt tokens"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(case, message, mote_dir, moe_dir, dense_path, tmp_path, capsys):
@@ -164,7 +167,12 @@ def test_bad_input_is_one_line_and_exit_2(case, message, mote_dir, moe_dir, dens
         "opset": [mote_dir, "--opset", "9"],
         "aea": [str(tmp_path / "aea")],
         "exists": [mote_dir],
+        "prompt-excluded": [str(tmp_path / "no-prompt")],
     }[case]
+    if case == "prompt-excluded":
+        shutil.copytree(mote_dir, tmp_path / "no-prompt")
+        pooling = tmp_path / "no-prompt" / "1_Pooling" / "config.json"
+        pooling.write_text(json.dumps({**read_json(pooling), "include_prompt": False}))
     if case == "aea":
         (tmp_path / "aea").mkdir()
         (tmp_path / "aea" / "config.json").write_text("{}")
