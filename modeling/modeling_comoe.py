@@ -347,7 +347,7 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
             `config.output_router_logits`).
         return_dict (`bool`, *optional*): `False` returns a tuple instead of a `CoMoeModelOutput`.
         """
-        attention_mask, token_index = self.padding_token_index(input_ids, inputs_embeds, attention_mask)
+        attention_mask, token_index = self.real_token_index(input_ids, inputs_embeds, attention_mask)
         routing = CoMoeRouting(token_index, contrastive=self.training and self.config.contrastive_loss_coef > 0)
         backbone = self.forward_backbone(
             input_ids,

@@ -286,10 +286,11 @@ class EncoderPreTrainedModel(PreTrainedModel):
         self.embeddings.word_embeddings = value
 
     @staticmethod
-    def padding_token_index(input_ids, inputs_embeds, attention_mask):
-        """`(attention_mask, token_index)` for models that route tokens: the mask becomes `None` when
-        nothing is padded (decided once here, not again when the attention mask is built) and
-        `token_index` holds the flat indices of the non-padding tokens (`None`: all of them).
+    def real_token_index(input_ids, inputs_embeds, attention_mask):
+        """`(attention_mask, token_index)` for models that route tokens: `token_index` holds the flat
+        indices (into `batch * seq`) of the real, non-padding tokens, the ones a router sees (`None`:
+        every token is real). The mask becomes `None` when nothing is padded (decided once here, not
+        again when the attention mask is built).
 
         Raises:
             ValueError: for an empty batch.

@@ -266,7 +266,7 @@ class MoeBertModel(MoeBertPreTrainedModel):
             (defaults to `config.output_router_logits`).
         return_dict (`bool`, *optional*): `False` returns a tuple instead of a `MoeBertModelOutput`.
         """
-        attention_mask, token_index = self.padding_token_index(input_ids, inputs_embeds, attention_mask)
+        attention_mask, token_index = self.real_token_index(input_ids, inputs_embeds, attention_mask)
         backbone = self.forward_backbone(
             input_ids,
             attention_mask,
