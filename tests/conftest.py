@@ -1,5 +1,6 @@
 """Shared fixtures: the bundled dense MiniLM, one upcycled MoTE folder per session, tiny random
-configs, and a runner for scripts in a fresh interpreter that cannot import this repository."""
+configs, a runner for scripts in a fresh interpreter that cannot import this repository, the committed
+fixture data (tests/data) and the marker of checks that need the real ../shared/data."""
 
 from __future__ import annotations
 
@@ -38,6 +39,36 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 _HF_HOME = tempfile.mkdtemp(prefix="moe-embed-hf-home-")
 os.environ["HF_HOME"] = _HF_HOME
 atexit.register(shutil.rmtree, _HF_HOME, True)
+
+
+# Tiny data in the layout of ../shared/data (tests/data/README.md says what and where from), for tests that
+# need data files but not the real numbers: pass it as --data-dir.
+FIXTURE_DATA = REPO / "tests" / "data"
+
+
+def shared_data_dir() -> Path | None:
+    """The real evaluation data, where `evaluation.data.data_dir(None)` finds it (`$MOE_EMBED_DATA`, else
+    `../shared/data` beside the repository); None where it is absent (a fresh clone)."""
+    from evaluation.data import data_dir
+    from moe_embed_cli import UsageError
+
+    try:
+        return data_dir(None)
+    except UsageError:
+        return None
+
+
+# For checks that reproduce results from the real data (and only those): skipped, with the reason, where
+# the data is absent; CI runs them.
+requires_shared_data = pytest.mark.skipif(
+    shared_data_dir() is None, reason="needs ../shared/data (or MOE_EMBED_DATA); CI has it"
+)
+
+
+@pytest.fixture(scope="session")
+def fixture_data() -> Path:
+    """The committed fixture data folder (tests/data), for `--data-dir`."""
+    return FIXTURE_DATA
 
 
 @pytest.fixture(autouse=True)

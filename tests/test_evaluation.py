@@ -1,11 +1,13 @@
 """The local evaluation suite: each task type's score against an independent computation on tiny
-fixtures in the layout of ../shared/data, and the CLI's errors."""
+fixtures in the layout of ../shared/data, and the CLI's errors; one check reads the real data
+(skipped where it is absent)."""
 
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import requires_shared_data
 from scipy.stats import spearmanr
 from sentence_transformers import SentenceTransformer
 from sklearn.metrics import average_precision_score
@@ -246,9 +248,8 @@ def test_prompts_follow_the_task_type(mote_dir):
     assert prompt_for(model, "sts") == "classification: " and prompt_for(model, "clustering") == "clustering: "
 
 
+@requires_shared_data
 def test_sst2_task_reads_the_sentence_test_split_and_phrase_train_split():
-    from evaluation import data as D
-
     data = TASKS["SST2Classification (local)"].load(D.data_dir(None))  # the shared data itself
     assert len(data.test_texts) == 1821 and len(data.train_texts) == 67349  # the data README's counts
     assert set(data.test_labels) == set(data.train_labels) == {"0", "1"}

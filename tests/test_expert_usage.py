@@ -82,7 +82,7 @@ def test_token_routed_moe_identical_experts(moe_dir):
         assert sum(row["shares"]) == pytest.approx(1.0) and len(row["shares"]) == 8
 
 
-def test_cli_writes_tables_json_and_plot(trained_comoe, tmp_path, capsys):
+def test_cli_writes_tables_json_and_plot(trained_comoe, fixture_data, tmp_path, capsys):
     folder = tmp_path / "trained"
     trained_comoe.save(str(folder))
     code, err = run_main(
@@ -90,6 +90,8 @@ def test_cli_writes_tables_json_and_plot(trained_comoe, tmp_path, capsys):
         str(folder),
         "--tasks",
         "STSBenchmark,SciFact",
+        "--data-dir",
+        str(fixture_data),
         "--max-texts",
         "8",
         "--output",
@@ -105,8 +107,8 @@ def test_cli_writes_tables_json_and_plot(trained_comoe, tmp_path, capsys):
     assert (tmp_path / "usage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_refuses_a_model_without_routing(dense_path, capsys):
-    code, err = run_main(main, dense_path, "--tasks", "STSBenchmark", capsys=capsys)
+def test_cli_refuses_a_model_without_routing(dense_path, fixture_data, capsys):
+    code, err = run_main(main, dense_path, "--tasks", "STSBenchmark", "--data-dir", str(fixture_data), capsys=capsys)
     assert code == 2
     assert "expected a token-routed model (model_type comoe_bert or moe_bert), got 'bert'" in err
     code, err = run_main(main, dense_path, "--tasks", "NoSuchTask", capsys=capsys)
