@@ -277,23 +277,28 @@ class MoeBertModel(MoeBertPreTrainedModel):
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
         )
-        router_logits, device = backbone.layer_aux, backbone.last_hidden_state.device
+        router_logits, device = backbone.layer_aux, backbone.last_hidden_state.device  # one per MoE layer
         if output_router_logits is None:
             output_router_logits = self.config.output_router_logits
+        # an inference graph has no loss to return (and the loss's empty-batch branch is not graph-safe)
+        exporting_for_inference = is_exporting() and not self.training
         output = MoeBertModelOutput(
             last_hidden_state=backbone.last_hidden_state,
             pooler_output=backbone.pooler_output,
             hidden_states=backbone.hidden_states,
             attentions=backbone.attentions,
-            # an inference graph has no loss to return (and the loss's empty-batch branch is not graph-safe)
-            aux_loss=None if is_exporting() and not self.training else self.aux_loss(router_logits, device),
+            aux_loss=None if exporting_for_inference else self.aux_loss_from_layer_aux(router_logits, device),
             router_logits=router_logits if output_router_logits else None,
         )
         return output if return_dict is not False else output.to_tuple()
 
-    def aux_loss(self, router_logits: tuple[torch.Tensor, ...], device: torch.device) -> torch.Tensor:
-        """`router_aux_loss_coef · load balancing + router_z_loss_coef · z-loss`, averaged over the MoE
-        layers' router logits (each `(non-padding tokens, experts)`), on `device`."""
+    def aux_loss_from_layer_aux(self, router_logits: tuple[torch.Tensor, ...], device: torch.device) -> torch.Tensor:
+        """The output's `aux_loss` computed from what the layer stack returned (`layer_aux`: here each MoE
+        layer's router logits, `(non-padding tokens, experts)`), on `device`:
+        `router_aux_loss_coef · load balancing + router_z_loss_coef · z-loss`, averaged over the MoE layers.
+
+        `CoMoeBertModel.aux_loss_from_layer_aux` has the same meaning for its layers' reports, so a caller
+        holding a forward pass's `layer_aux` (`st_moe.MoeTransformer`) needs no branch per model type."""
         config = self.config  # with a device map, MoE layers may sit on several devices
         loss = (
             config.router_aux_loss_coef

@@ -51,26 +51,27 @@ class MoeTransformer(Transformer):
         """`Transformer.forward` (its dispatch and keyword filtering unchanged), plus `aux_loss`.
 
         `Transformer.forward` keeps only the token embeddings of the model output, and calls the
-        model's `forward` method directly (hooks on the model itself do not fire). The router logits
-        are read from the output of the model's layer stack, a submodule, by a forward hook that
-        lives for this call and only accepts calls made on this thread, so concurrent encodes cannot
-        swap their losses; the loss is then the model's own `aux_loss` of those logits.
+        model's `forward` method directly (hooks on the model itself do not fire). The layer stack's
+        auxiliary outputs (`layer_aux`: router logits, CoMoE's contrastive losses) are read from the
+        output of the model's layer stack, a submodule, by a forward hook that lives for this call and
+        only accepts calls made on this thread, so concurrent encodes cannot swap their losses; the
+        model's own `aux_loss_from_layer_aux` then turns them into the loss.
         """
         model = self.auto_model
         caller = threading.get_ident()
-        router_logits = []
+        layer_aux = []
 
-        def keep_router_logits(module, args, output):
-            if threading.get_ident() == caller and not router_logits:
-                router_logits.append(output.layer_aux)
+        def keep_layer_aux(module, args, output):
+            if threading.get_ident() == caller and not layer_aux:
+                layer_aux.append(output.layer_aux)
 
-        handle = model.encoder.register_forward_hook(keep_router_logits)
+        handle = model.encoder.register_forward_hook(keep_layer_aux)
         try:
             features = super().forward(features, **kwargs)
         finally:
             handle.remove()
-        if router_logits:
-            features["aux_loss"] = model.aux_loss(router_logits[0], features[output_name(self)].device)
+        if layer_aux:
+            features["aux_loss"] = model.aux_loss_from_layer_aux(layer_aux[0], features[output_name(self)].device)
         return features
 
 
