@@ -2,7 +2,7 @@
 MoE (load balancing, z-loss) and CoMoE (contrastive expert loss, optional load balancing).
 
 sentence-transformers' `Transformer` plus two things: the model's auxiliary loss is kept in the
-features as `aux_loss`, so that a training loss can add it (see `training.losses.RouterAuxLoss`);
+features as `aux_loss`, so that a training loss can add it (see `training.losses.WithAuxLoss`);
 and a CoMoE adapter-only folder (whose `adapter_config.json` is not one peft can read) loads through
 the model's own `from_pretrained`, which fetches the base model it names. Saved at the root of the
 model folder and named in `modules.json` as `st_moe.MoeTransformer`, so it needs `trust_remote_code=True`.

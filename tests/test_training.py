@@ -82,13 +82,13 @@ def test_trainer_updates_only_experts_of_seen_tasks(mote_dir, tmp_path, routing)
     assert not torch.equal(model[0].auto_model.encoder.layer[0].intermediate.dense.weight, shared_before)
 
 
-def test_router_aux_loss_is_added_and_trains_the_router(moe_dir, tmp_path):
-    from training.losses import RouterAuxLoss
+def test_with_aux_loss_is_added_and_trains_the_router(moe_dir, tmp_path):
+    from training.losses import WithAuxLoss
 
     model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
     auto = model[0].auto_model
     base = MultipleNegativesRankingLoss(model)
-    loss = RouterAuxLoss(base)
+    loss = WithAuxLoss(base)
     features = [
         model.preprocess(["search_query: " + a for a in ("cats", "dogs")]),
         model.preprocess(["search_document: " + p for p in ("a cat", "a dog")]),
@@ -121,24 +121,24 @@ def test_router_aux_loss_is_added_and_trains_the_router(moe_dir, tmp_path):
     assert not torch.equal(router.detach(), before)
 
 
-def test_router_aux_loss_refuses_a_model_without_aux_loss(mote_dir):
-    from training.losses import RouterAuxLoss
+def test_with_aux_loss_refuses_a_model_without_aux_loss(mote_dir):
+    from training.losses import WithAuxLoss
 
     model = SentenceTransformer(mote_dir, trust_remote_code=True)
-    loss = RouterAuxLoss(MultipleNegativesRankingLoss(model))
+    loss = WithAuxLoss(MultipleNegativesRankingLoss(model))
     features = [model.preprocess(["search_query: cats"]), model.preprocess(["search_document: a cat"])]
     with pytest.raises(ValueError, match=r"found `aux_loss` in 0 of 2 inputs.*st_moe.MoeTransformer"):
         loss(features, torch.zeros(1))
 
 
-def test_router_aux_loss_around_matryoshka_adds_aux_once(moe_dir):
+def test_with_aux_loss_around_matryoshka_adds_aux_once(moe_dir):
     from sentence_transformers.losses import MatryoshkaLoss
 
-    from training.losses import RouterAuxLoss
+    from training.losses import WithAuxLoss
 
     model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
     matryoshka = MatryoshkaLoss(model, MultipleNegativesRankingLoss(model), matryoshka_dims=[384, 128])
-    loss = RouterAuxLoss(matryoshka)
+    loss = WithAuxLoss(matryoshka)
 
     def features():
         return [
@@ -155,13 +155,13 @@ def test_router_aux_loss_around_matryoshka_adds_aux_once(moe_dir):
     assert torch.allclose(total, plain + aux, atol=1e-5)
 
 
-def test_router_aux_loss_with_hard_negatives(moe_dir):
+def test_with_aux_loss_with_hard_negatives(moe_dir):
     """(anchor, positive, negative) columns: the loss may merge columns; the aux loss still arrives."""
-    from training.losses import RouterAuxLoss
+    from training.losses import WithAuxLoss
 
     model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
     model.eval()
-    loss = RouterAuxLoss(MultipleNegativesRankingLoss(model))
+    loss = WithAuxLoss(MultipleNegativesRankingLoss(model))
     features = [
         model.preprocess(["search_query: cats", "search_query: dogs"]),
         model.preprocess(["search_document: a cat", "search_document: a dog"]),

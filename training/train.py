@@ -90,9 +90,9 @@ def make_loss(model, temperature: float, options: LossConfig, with_aux: bool):
     if options.matryoshka_dims:
         loss = losses.MatryoshkaLoss(model, loss, options.matryoshka_dims)
     if with_aux:
-        from training.losses import RouterAuxLoss
+        from training.losses import WithAuxLoss
 
-        loss = RouterAuxLoss(loss)  # outside Matryoshka, so it is added once
+        loss = WithAuxLoss(loss)  # outside Matryoshka, so it is added once
     return loss
 
 
