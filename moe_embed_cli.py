@@ -8,12 +8,25 @@ disk, missing file) into the same one line. Anything else is a bug and keeps its
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """`--help` of every script: the description as written, and each option's default appended once,
+    only where its help text does not already state one and there is a value to state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
 
 
 class UsageError(Exception):
@@ -33,4 +46,4 @@ def run_cli(main: Callable[[list[str] | None], T], argv: list[str] | None = None
         raise SystemExit(2) from None
 
 
-__all__ = ["UsageError", "run_cli"]
+__all__ = ["HelpFormatter", "UsageError", "run_cli"]

@@ -26,6 +26,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from moe_embed_cli import HelpFormatter  # noqa: E402
+
 TEXTS = [f"Sentence number {i} about search, embeddings and mixtures of task experts." for i in range(1024)]
 
 
@@ -69,7 +71,7 @@ def throughput(dense_path: str, ea_path: str, repeats: int, num_texts: int) -> t
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (fresh processes) per variant")
     parser.add_argument("--texts", type=int, default=256, help="texts encoded per measurement")
     parser.add_argument("--worker", nargs=3, metavar=("FOLDER", "KWARGS_JSON", "TEXTS"), help=argparse.SUPPRESS)

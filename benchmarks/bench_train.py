@@ -28,7 +28,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from moe_embed_cli import UsageError
+from moe_embed_cli import HelpFormatter, UsageError
 
 TASK_STEPS = [
     ("retrieval", "query", "document", 0.03),
@@ -105,7 +105,7 @@ def worker(folder: str, options: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--batch-size", type=int, default=32, help="rows per column per step (default 32)")
     parser.add_argument("--seq-len", type=int, default=64, help="max tokens per text (default 64)")
     parser.add_argument("--steps", type=int, default=4, help="steps per timing round (default 4)")

@@ -34,7 +34,7 @@ if __package__ in (None, ""):
 
 from evaluation import data as D
 from evaluation.run import Task, prompt_for, select_tasks
-from moe_embed_cli import UsageError, run_cli
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 ROUTED_MODEL_TYPES = ("comoe_bert", "moe_bert")
 
@@ -225,7 +225,7 @@ def plot(usage: dict[str, list[dict]], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("model", help="CoMoE-PEFT or token-routed MoE folder (or Hub id)")
     parser.add_argument("--tasks", default="all", help="comma-separated evaluation.run task names, or 'all'")
     parser.add_argument("--max-texts", type=int, default=256, help="texts per task (default 256)")

@@ -28,7 +28,7 @@ if __package__ in (None, ""):
 
 from evaluation import data as D
 from evaluation.metrics import classification_accuracy, clustering_v_measure, undersample_draws
-from moe_embed_cli import UsageError, run_cli
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("evaluation")
 
@@ -198,7 +198,7 @@ def select_tasks(spec: str) -> list[Task]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("model", help="model folder or Hub id (loaded with SentenceTransformer)")
     parser.add_argument("--tasks", default="all", help=f"comma-separated task names or 'all': {', '.join(TASKS)}")
     parser.add_argument("--output", default=None, help="JSON file to write the scores to")

@@ -43,7 +43,7 @@ from convert.checkpoint import bundled_minilm_path
 from evaluation.run import TASKS
 from experiments import prepare_data
 from experiments.mote_vs_ic import TRAINING, evaluate, run, summary
-from moe_embed_cli import UsageError, run_cli
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("experiment")
 UPCYCLE = ["--arch", "moe", "--moe-layers", "all", "--num-experts", "8", "--experts-per-token", "2"]
@@ -216,7 +216,7 @@ def write_report(out: Path, seeds: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--output", required=True, help="folder for data, models, logs, results and report.md")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
     parser.add_argument("--train-only", action="store_true", help="upcycle and train, then stop")

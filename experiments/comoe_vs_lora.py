@@ -40,7 +40,7 @@ if __package__ in (None, ""):
 from convert.checkpoint import bundled_minilm_path
 from evaluation.run import TASKS, select_tasks
 from experiments.mote_vs_ic import TRAINING, evaluate, prepare, run, saved_results, write_report
-from moe_embed_cli import run_cli
+from moe_embed_cli import HelpFormatter, run_cli
 
 logger = logging.getLogger("experiment")
 VARIANTS = {
@@ -140,7 +140,7 @@ def expert_usage(out: Path, name: str, model: Path, tasks: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--output", required=True, help="folder for data, models, logs, results and report.md")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")

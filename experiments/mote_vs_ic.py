@@ -39,7 +39,7 @@ from convert.checkpoint import bundled_minilm_path
 from convert.upcycle import save_dense_with_prompts
 from evaluation.run import TASKS, select_tasks
 from experiments import prepare_data
-from moe_embed_cli import UsageError, run_cli
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("experiment")
 REPO = Path(__file__).resolve().parent.parent
@@ -219,7 +219,7 @@ def saved_results(out: Path, runs: dict[str, dict[int, str]]) -> dict[str, dict[
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--output", required=True, help="folder for data, models, logs, results and report.md")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
     parser.add_argument("--tasks", default="all", help="evaluation tasks (evaluation.run names, or 'all')")

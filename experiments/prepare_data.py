@@ -30,7 +30,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluation import data as D
-from moe_embed_cli import run_cli
+from moe_embed_cli import HelpFormatter, run_cli
 from training.data_tools import write_rows
 
 CAPS = {
@@ -126,7 +126,7 @@ def write(datasets: dict[str, list[dict]], output: Path, negatives: bool = True)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--output", required=True, help="folder for the JSONL files")
     parser.add_argument("--data-dir", default=None, help="shared data folder (default: ../shared/data)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")

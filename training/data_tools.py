@@ -25,7 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from moe_embed_cli import UsageError, run_cli
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 
 def read_pairs(path: Path) -> list[dict]:
@@ -130,7 +130,7 @@ def consistency_filter(rows: list[dict], model, top_k: int, batch_size: int) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("command", choices=["mine", "filter"], help="mine hard negatives, or consistency-filter pairs")
     parser.add_argument("input", help="JSONL with `anchor` and `positive`")
     parser.add_argument("--model", required=True, help="embedding model (folder or Hub id) used as the teacher")

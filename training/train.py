@@ -43,7 +43,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from convert.checkpoint import write_portable_module_files
-from moe_embed_cli import UsageError, run_cli
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 from training.config import AdapterConfig, DatasetSpec, LossConfig, TrainingConfig, describe_options, load_config
 from training.tasks import column_prompts, task_type
 
@@ -266,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         description=__doc__,
         epilog="config options:\n" + describe_options(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
 
 
