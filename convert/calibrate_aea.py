@@ -25,19 +25,13 @@ if __package__ in (None, ""):  # run as `python convert/calibrate_aea.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
+from tqdm.auto import tqdm
 
 from convert.cards import PLACEHOLDER_OWNER, looks_like_hub_id
-from convert.checkpoint import (
-    atomic_output_dir,
-    copy_modeling_files,
-    read_json,
-    refuse_overlap,
-    resolve_source,
-    write_json,
-    write_st_model_config,
-)
+from convert.checkpoint import atomic_output_dir, copy_modeling_files, read_json, write_json, write_st_model_config
+from convert.folders import check_output, open_model_folder
 from convert.merge_experts import read_calibration
-from moe_embed_cli import UsageError, run_cli
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("calibrate_aea")
 
@@ -259,23 +253,73 @@ def render_aea_card(target: Path, settings: dict, source_name: str, repo_id: str
     card.save(str(target / "README.md"))
 
 
-def calibrate(args) -> Path:
-    from modeling.aea import EMBEDDINGS, find_moe_layers, measure_homogeneity
+def check_arguments(args) -> None:
+    """Refuse bad option values before any loading."""
+    from modeling.aea import EMBEDDINGS
 
     if args.alpha < 0:
         raise UsageError(f"--alpha must be >= 0, got {args.alpha}")
     if args.embedding not in EMBEDDINGS:
         raise UsageError(f"--embedding must be one of {', '.join(EMBEDDINGS)}")
-    output = Path(args.output)
-    if output.exists() and not args.overwrite:  # atomic_output_dir refuses too; this refuses before any loading
-        raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
-    source = resolve_source(args.model)
-    refuse_overlap(source, output)
+    if args.prompt is not None and "[TEXT]" not in args.prompt:
+        raise UsageError(f"--prompt must contain [TEXT] where the text goes, got {args.prompt!r}")
+    if args.search:
+        parse_values(args.alphas, float, "--alphas")
+        if args.exit_layers:
+            parse_values(args.exit_layers, int, "--exit-layers")
+
+
+def search_candidates(args, layers, num_layers: int) -> list[tuple[float, int]]:
+    """The `(alpha, exit_layer)` pairs `--search` scores."""
+    alphas = parse_values(args.alphas, float, "--alphas") if args.allocation in ("both", "layer") else [args.alpha]
+    exits = parse_values(args.exit_layers, int, "--exit-layers") if args.exit_layers else None
+    exits = exits or [m for m in range(num_layers - 3, num_layers + 1) if m >= 1]
+    for m in exits:
+        if not 1 <= m <= num_layers:
+            raise UsageError(f"--exit-layers: {m} is outside 1..{num_layers}")
+    return [(alpha, m) for alpha in alphas for m in exits if any(h.router is not None for h in layers[:m])]
+
+
+def choose_allocation(args, model, tokenizer, layers, homogeneity, dev, settings: dict) -> dict:
+    """The AEA settings with their per-layer expert counts: `args`' own, or the best on STS-B dev of the
+    `--search` grid. Every candidate's allocation is computed (and refused, in one line) before the
+    first one is scored, so a grid the homogeneity rules out fails at once, not after the search."""
+
+    def with_allocation(alpha, exit_at):
+        layer_top_k, unspent = layer_allocation(args.allocation, homogeneity, layers, alpha, args.shift, exit_at)
+        return {**settings, "alpha": alpha, "exit_layer": exit_at, "layer_top_k": layer_top_k}, unspent
+
+    if not args.search:
+        chosen, unspent = with_allocation(args.alpha, settings["exit_layer"])
+        return {**chosen, "unspent_budget": unspent}
+    candidates = {key: with_allocation(*key)[0] for key in search_candidates(args, layers, len(layers))}
+    scores, seen = {}, {}
+    for (alpha, m), candidate in tqdm(candidates.items(), desc="search (STS-B dev)", unit="setting"):
+        key = (tuple(candidate["layer_top_k"]), m)  # α values that give the same allocation are scored once
+        if key not in seen:
+            seen[key] = spearman(model, tokenizer, dev, candidate)
+        scores[(alpha, m)] = seen[key]
+        tqdm.write(f"search: alpha {alpha:g}, exit layer {m}: STS-B dev Spearman {scores[(alpha, m)]:.2f}")
+    best = pick(scores)
+    print(f"search: chose alpha {best[0]:g}, exit layer {best[1]} ({scores[best]:.2f} on STS-B dev)")
+    chosen, unspent = with_allocation(*best)
+    search = {f"alpha={a:g},exit={m}": round(score, 4) for (a, m), score in scores.items()}
+    return {**chosen, "unspent_budget": unspent, "search": search}
+
+
+def calibrate(args) -> Path:
+    """Measure, choose the allocation, write the folder (`args` as `--help` describes)."""
+    from modeling.aea import find_moe_layers, measure_homogeneity
+
+    check_arguments(args)
+    check_output(args.output, overwrite=args.overwrite)  # before any loading
+    folder = open_model_folder(args.model)
+    output = check_output(args.output, (folder.path,), args.overwrite)
     texts = read_calibration(Path(args.calibration)) if args.calibration else None
     dev = sts_dev(args.data_dir) if args.search or texts is None else None
     if texts is None:
         texts = list(dict.fromkeys(dev[0] + dev[1]))  # the STS-B dev sentences, each once
-    model, tokenizer = load_model(source)
+    model, tokenizer = load_model(folder.path)
     _, layers = find_moe_layers(model)
     num_layers = len(layers)
     causal = bool(getattr(layers[0].attention, "is_causal", False))
@@ -286,13 +330,13 @@ def calibrate(args) -> Path:
         raise UsageError(f"no MoE layer among the first {exit_layer} layers; choose a later --exit-layer")
     if len({h.router.top_k for h in layers if h.router is not None}) > 1:
         raise UsageError("the model's MoE layers use different top-k; AEA's budget assumes one k for all")
-    template = args.prompt if args.prompt is not None else default_template(source, causal)
-    if "[TEXT]" not in template:
-        raise UsageError(f"--prompt must contain [TEXT] where the text goes, got {template!r}")
-    pooling = args.pooling or ("last" if causal else "mean")
+    template = args.prompt if args.prompt is not None else default_template(folder.path, causal)
+    if args.search:
+        search_candidates(args, layers, num_layers)  # bad grids are refused before the long pass below
 
-    logger.info("measuring expert homogeneity on %d calibration texts", len(texts))
-    homogeneity = measure_homogeneity(model, batches(tokenizer, texts, template, args.batch_size, args.max_length))
+    batched = batches(tokenizer, texts, template, args.batch_size, args.max_length)
+    total = -(-len(texts) // args.batch_size)
+    homogeneity = measure_homogeneity(model, tqdm(batched, total=total, desc="expert homogeneity", unit="batch"))
     settings = {
         "allocation": args.allocation,
         "token_wise": args.allocation in ("both", "token"),
@@ -301,59 +345,30 @@ def calibrate(args) -> Path:
         "shift": args.shift,
         "exit_layer": exit_layer,
         "prompt_template": template,
-        "pooling": pooling,
+        "pooling": args.pooling or ("last" if causal else "mean"),
         "embedding": args.embedding,
     }
-
-    def with_allocation(alpha, exit_at):
-        layer_top_k, unspent = layer_allocation(args.allocation, homogeneity, layers, alpha, args.shift, exit_at)
-        return {**settings, "alpha": alpha, "exit_layer": exit_at, "layer_top_k": layer_top_k}, unspent
-
-    if args.search:
-        alphas = parse_values(args.alphas, float, "--alphas") if args.allocation in ("both", "layer") else [args.alpha]
-        exits = parse_values(args.exit_layers, int, "--exit-layers") if args.exit_layers else None
-        exits = exits or [m for m in range(num_layers - 3, num_layers + 1) if m >= 1]
-        for m in exits:
-            if not 1 <= m <= num_layers:
-                raise UsageError(f"--exit-layers: {m} is outside 1..{num_layers}")
-        candidates = [(alpha, m) for alpha in alphas for m in exits if any(h.router is not None for h in layers[:m])]
-        scores, seen = {}, {}
-        for alpha, m in candidates:
-            candidate, _ = with_allocation(alpha, m)
-            key = (tuple(candidate["layer_top_k"]), m)  # α values that give the same allocation are scored once
-            if key not in seen:
-                seen[key] = spearman(model, tokenizer, dev, candidate)
-            scores[(alpha, m)] = seen[key]
-            print(f"search: alpha {alpha:g}, exit layer {m}: STS-B dev Spearman {scores[(alpha, m)]:.2f}")
-        best = pick(scores)
-        print(f"search: chose alpha {best[0]:g}, exit layer {best[1]} ({scores[best]:.2f} on STS-B dev)")
-        settings, unspent = with_allocation(*best)
-        settings["search"] = {f"alpha={a:g},exit={m}": round(score, 4) for (a, m), score in scores.items()}
-    else:
-        settings, unspent = with_allocation(args.alpha, exit_layer)
+    settings = choose_allocation(args, model, tokenizer, layers, homogeneity, dev, settings)
     model_top_k = [h.router.top_k if h.router is not None else None for h in layers]
     settings.update(
         homogeneity=homogeneity,
         model_top_k=model_top_k,
-        unspent_budget=unspent,
         calibration=args.calibration or "STS-B dev sentences",
         calibration_texts=len(texts),
     )
     print_table(homogeneity, model_top_k, settings["layer_top_k"])
-    if unspent:
-        print(f"every kept layer is at its cap: {unspent} of the budget's expert slots stay unspent")
+    if settings["unspent_budget"]:
+        print(f"every kept layer is at its cap: {settings['unspent_budget']} of the budget's expert slots stay unspent")
 
     with atomic_output_dir(output, args.overwrite) as target:
         write_folder(target, model, tokenizer, settings, args.model, f"{PLACEHOLDER_OWNER}/{output.name}")
         plot(target / "aea_allocation.png", homogeneity, settings["layer_top_k"], f"AEA allocation of {args.model}")
-    logger.info("wrote %s", output)
+    print(f"wrote {output}")
     return output
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("model", help="a supported MoE model: local folder or Hub id")
     parser.add_argument("--output", required=True, help="folder to write (refused if it exists, unless --overwrite)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")

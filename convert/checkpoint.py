@@ -69,34 +69,9 @@ def bundled_minilm_path() -> str:
 
 def resolve_source(path_or_id: str | None) -> Path:
     """A local model folder for `path_or_id` (a folder, a Hub id, or `None` for the bundled MiniLM)."""
-    if path_or_id is None:
-        return Path(bundled_minilm_path())
-    path = Path(path_or_id)
-    if path.is_dir():
-        return path
-    if path.exists():
-        raise UsageError(f"{path_or_id} is a file; expected a model folder or a Hub model id")
-    from huggingface_hub import snapshot_download
+    from convert.folders import locate
 
-    try:
-        return Path(
-            snapshot_download(
-                path_or_id,
-                allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.py", "1_Pooling/*", "2_Normalize/*"],
-            )
-        )
-    except Exception as error:  # offline, unknown repo, gated: all mean "cannot use this source"
-        raise UsageError(
-            f"{path_or_id!r} is not a local folder and could not be fetched from the Hub "
-            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
-        ) from None
-
-
-def refuse_overlap(source: Path, output: Path) -> None:
-    """Refuse an output folder that is, contains or lies inside the input: converters never touch their input."""
-    source, output = Path(source).resolve(), Path(output).resolve()
-    if output == source or source in output.parents or output in source.parents:
-        raise UsageError(f"--output {output} overlaps the input {source}; write somewhere else")
+    return Path(bundled_minilm_path()) if path_or_id is None else locate(path_or_id)
 
 
 def check_shard_size(value: str) -> str:
@@ -261,9 +236,9 @@ def atomic_output_dir(output: Path, overwrite: bool) -> Iterator[Path]:
     Refuses (UsageError) when `output` exists and `overwrite` is false; on failure nothing is
     left behind and an existing `output` is untouched.
     """
-    output = Path(output).resolve()
-    if output.exists() and not overwrite:
-        raise UsageError(f"{output} already exists; pass --overwrite to replace it")
+    from convert.folders import check_output
+
+    output = check_output(output, overwrite=overwrite).resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
     try:

@@ -39,14 +39,13 @@ from convert.checkpoint import (
     copy_tokenizer_files,
     load_tokenizer,
     read_json,
-    refuse_overlap,
     write_json,
 )
-from moe_embed_cli import UsageError, run_cli
+from convert.folders import EXPERT_MODELS, check_output, open_model_folder
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("export_onnx")
 
-SUPPORTED = {"mote_bert": "MoTE", "moe_bert": "token-routed MoE", "comoe_bert": "CoMoE"}
 CHECK_TEXTS = [
     "Isaac Newton formulated the laws of motion and universal gravitation.",
     "stocks fell",
@@ -180,26 +179,18 @@ def check_batches(graph: SentenceEmbeddingGraph, tokenizer) -> list[tuple]:
 
 def export(args) -> Path:
     """Write the ONNX folder `args` describes; returns its path."""
-    folder, output = Path(args.model_dir), Path(args.output)
-    if not (folder / "config.json").is_file():
-        raise UsageError(f"{folder} is not a model folder (no config.json)")
-    if (folder / "aea_config.json").is_file():
+    if (Path(args.model_dir) / "aea_config.json").is_file():
         raise UsageError(
-            f"{folder} is an AEA folder: its per-token expert budgets are set by hooks at run time, which a "
-            "static graph cannot hold; export the MoE model it was calibrated from"
+            f"{args.model_dir} is an AEA folder: its per-token expert budgets are set by hooks at run time, which "
+            "a static graph cannot hold; export the MoE model it was calibrated from"
         )
-    config = read_json(folder / "config.json")
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED:
-        names = ", ".join(f"{v} ({k})" for k, v in SUPPORTED.items())
-        raise UsageError(f"{folder} holds model_type={model_type!r}; expected a folder of {names}")
+    opened = open_model_folder(args.model_dir, EXPERT_MODELS)
+    folder, config, model_type = opened.path, opened.config, opened.model_type
     if args.task and model_type != "mote_bert":
         raise UsageError("--task applies to MoTE folders; a token-routed model has no task experts")
     if args.opset is not None and not 18 <= args.opset <= 23:
         raise UsageError(f"--opset must lie in 18..23 (the dynamo exporter's range), got {args.opset}")
-    refuse_overlap(folder, output)
-    if output.exists() and not args.overwrite:
-        raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
+    output = check_output(args.output, (folder,), args.overwrite)
     head = st_head(folder, config["hidden_size"])
     tokenizer = load_tokenizer(folder, trust_remote_code=True)
     try:
@@ -225,7 +216,7 @@ def export(args) -> Path:
         copy_tokenizer_files(folder, tmp)
         write_json(tmp / "onnx_config.json", onnx_config(folder, graph, tokenizer, args.opset))
         (tmp / "README.md").write_text(usage(folder, graph, tokenizer))
-    logger.info("wrote %s", output)
+    print(f"wrote {output} (max |onnxruntime - torch| {worst:.1e})")
     return output
 
 
@@ -296,7 +287,7 @@ embeddings = session.run(["sentence_embedding"], {feeds})[0]
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("model_dir", help="MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder")
     parser.add_argument("--output", required=True, help="folder to write (model.onnx, tokenizer, onnx_config.json)")

@@ -22,8 +22,9 @@ if __package__ in (None, ""):  # run as `python convert/extract_adapter.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
-from convert.checkpoint import atomic_output_dir, read_json, refuse_overlap
-from moe_embed_cli import UsageError, run_cli
+from convert.checkpoint import atomic_output_dir, read_json
+from convert.folders import check_output, open_model_folder
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("extract_adapter")
 
@@ -66,28 +67,23 @@ def write_adapter_folder(folder: Path, target: Path, base: str | None = None) ->
 
 def extract_adapter(folder: Path, output: Path, base: str | None = None, overwrite: bool = False) -> Path:
     """Write the adapter-only folder of the CoMoE folder `folder` to `output`; returns `output`."""
-    folder, output = Path(folder), Path(output)
-    config = read_json(folder / "config.json")
-    if config.get("model_type") != "comoe_bert":
-        raise UsageError(
-            f"{folder} holds model_type={config.get('model_type')!r}; expected a CoMoE folder (comoe_bert)"
-        )
-    if (folder / "adapter_config.json").exists():
-        raise UsageError(f"{folder} is already an adapter-only folder")
-    refuse_overlap(folder, output)
-    if output.exists() and not overwrite:
-        raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
+    opened = open_model_folder(folder, {"comoe_bert": "CoMoE"})
+    if opened.is_adapter:
+        raise UsageError(f"{opened.name} is already an adapter-only folder")
+    folder = opened.path
+    output = check_output(output, (folder,), overwrite)
     with atomic_output_dir(output, overwrite) as tmp:
         write_adapter_folder(folder, tmp, base)
     size = (output / "adapter_model.safetensors").stat().st_size
-    logger.info("wrote %s (adapters, %.1f MB)", output, size / 1e6)
+    base = read_json(output / "adapter_config.json")["base_model_name_or_path"]
+    print(f"wrote {output} (adapters only, {size / 1e6:.1f} MB; loads its base model {base})")
     return output
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Write the adapter-only form (adapter_config.json + adapter_model.safetensors) of a CoMoE folder.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("model_dir", help="full CoMoE folder (comoe_bert), e.g. from upcycle.py or training")
     parser.add_argument("--output", required=True, help="folder to write")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as `python convert/merge_experts.py`
@@ -40,11 +41,11 @@ from convert.checkpoint import (
     parse_dtype,
     read_json,
     read_state_dict,
-    refuse_overlap,
     write_sentence_transformers_files,
 )
+from convert.folders import EXPERT_MODELS, ModelFolder, check_output, open_model_folder
 from convert.layout import DENSE_ARCHITECTURES, parse_moe_key, parse_mote_key, position_offset
-from moe_embed_cli import UsageError, run_cli
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("merge_experts")
 
@@ -220,139 +221,163 @@ def dense_config(config: dict) -> transformers.PretrainedConfig:  # noqa: F821
     return dense
 
 
-def merge(args) -> Path:
-    """Write the dense folder `args` describes; returns its path."""
+@dataclass
+class Merged:
+    """What a merger returns: the dense state dict, the card's provenance line and the prompts."""
+
+    state: dict
+    provenance: str
+    prompts: dict[str, str]
+    default_prompt: str | None
+    calibration_texts: list[str] | None = None  # CoMoE: texts to measure the merged model's agreement on
+
+
+def merge_mote_folder(folder: ModelFolder, args, prompts: dict, default_prompt: str | None) -> Merged:
+    """MoTE: Expert Averaging of the selected task experts, or one task's experts unchanged (`--task`)."""
+    if args.calibration:
+        raise UsageError("--calibration weights experts by router usage; MoTE routes by task, use --weights")
+    config = folder.config
+    experts = mote_expert_indices(config, selected_names(args))
+    weights = normalised_weights(len(experts), parse_weights(args))
+    state = merge_mote(read_state_dict(folder.path), config, experts, weights)
+    chosen = [config["tasks"][e] for e in experts]
+    if not args.task:
+        shares = ", ".join(f"{w:.3g}" for w in weights)
+        return Merged(state, f"Expert Averaging of the task experts {chosen} ({shares}).", prompts, default_prompt)
+    task = chosen[0]
+    prefix = config["task_prefixes"][task]
+    # the exported task's prompt becomes the default: its experts expect their prefix
+    default_prompt = task if prompts.get(task) == prefix else next((n for n, t in prompts.items() if t == prefix), None)
+    if default_prompt is None:
+        default_prompt, prompts = task, {**prompts, task: prefix}
+    provenance = f"It holds the `{task}` task experts of the MoTE model, unchanged; `encode` prepends `{prefix}`."
+    return Merged(state, provenance, prompts, default_prompt)
+
+
+def merge_moe_folder(folder: ModelFolder, args, prompts: dict, default_prompt: str | None) -> Merged:
+    """Token-routed MoE: each MoE layer's experts averaged, uniformly, with `--weights`, or by router usage."""
+    if args.task:
+        raise UsageError("--task applies to MoTE folders; a token-routed MoE has no task experts")
+    num_experts = folder.config["num_local_experts"]
+    names = selected_names(args)
+    try:
+        experts = [int(e) for e in names] if names else list(range(num_experts))
+    except ValueError:
+        raise UsageError(f"--experts for a token-routed MoE takes expert indices 0..{num_experts - 1}") from None
+    if any(not 0 <= e < num_experts for e in experts) or len(set(experts)) != len(experts):
+        raise UsageError(f"--experts must be distinct indices in 0..{num_experts - 1}, got {experts}")
+    if args.calibration:
+        layer_weights = router_usage(folder.path, read_calibration(Path(args.calibration)), experts)
+    else:
+        uniform = normalised_weights(len(experts), parse_weights(args))
+        layer_weights = {layer: uniform for layer in folder.config["moe_layers"]}
+    state = merge_moe(read_state_dict(folder.path), experts, layer_weights)
+    provenance = f"Expert Averaging of experts {experts} of every MoE layer" + (
+        " weighted by router usage on a calibration text." if args.calibration else "."
+    )
+    return Merged(state, provenance, prompts, default_prompt)
+
+
+def merge_comoe_folder(folder: ModelFolder, args, prompts: dict, default_prompt: str | None) -> Merged:
+    """CoMoE (full or adapter-only): every LoRA expert folded into its linear, weighted by its routing."""
+    from modeling.modeling_comoe import CoMoeBertModel
+
+    if args.task or args.experts:
+        raise UsageError("--task and --experts do not apply to CoMoE: every expert is folded in, weighted")
+    comoe = CoMoeBertModel.from_pretrained(str(folder.path)).eval()
+    texts = read_calibration(Path(args.calibration)) if args.calibration else None
+    if texts:
+        shares = comoe_routing_weights(comoe, load_tokenizer(folder.path, trust_remote_code=True), texts)
+    else:
+        uniform = normalised_weights(comoe.config.num_local_experts, parse_weights(args))
+        shares = torch.tensor(uniform, dtype=torch.float64).expand(len(comoe.config.adapted_linears()), -1)
+    logger.info("expert weights per CoMoE linear (mean over linears): %s", shares.mean(0).tolist())
+    provenance = (
+        "The CoMoE LoRA experts folded into the base weights, each weighted by its "
+        + ("mean routing weight on calibration texts" if texts else "share given (uniform by default)")
+        + ". Routing depends on the input, so this dense model approximates the CoMoE model."
+    )
+    return Merged(merge_comoe(comoe, shares), provenance, prompts, default_prompt, calibration_texts=texts)
+
+
+# model type -> merger (validated folder, arguments, prompts, default prompt) -> Merged
+MERGERS = {"mote_bert": merge_mote_folder, "moe_bert": merge_moe_folder, "comoe_bert": merge_comoe_folder}
+
+
+def selected_names(args) -> list[str] | None:
+    """The experts `--task` / `--experts` name, or `None` for all."""
+    return [args.task] if args.task else (args.experts.split(",") if args.experts else None)
+
+
+def parse_weights(args) -> list[float] | None:
+    if not args.weights:
+        return None
+    try:
+        return [float(w) for w in args.weights.split(",")]
+    except ValueError:
+        raise UsageError(f"--weights expects comma-separated numbers, got {args.weights!r}") from None
+
+
+def dense_model(config: dict, state: dict, dtype: torch.dtype | None) -> torch.nn.Module:
+    """The transformers model of the source architecture holding the merged `state` (every key checked)."""
     from transformers import AutoModel
 
-    folder = Path(args.model_dir)
-    if not (folder / "config.json").is_file():
-        raise UsageError(f"{folder} is not a model folder (no config.json)")
-    config = read_json(folder / "config.json")
-    model_type = config.get("model_type")
-    if model_type not in ("mote_bert", "moe_bert", "comoe_bert"):
-        raise UsageError(
-            f"{folder} holds model_type={model_type!r}; expected a MoTE (mote_bert), token-routed MoE "
-            "(moe_bert) or CoMoE (comoe_bert) folder"
-        )
-    output = Path(args.output)
-    refuse_overlap(folder, output)
-    if output.exists() and not args.overwrite:
-        raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
+    with torch.device("meta"):
+        model = AutoModel.from_config(dense_config(config), add_pooling_layer=config.get("add_pooling_layer", True))
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as error:
+        raise UsageError(f"merged weights do not fit {type(model).__name__}: {str(error).splitlines()[0]}") from None
+    return model.to(dtype or next(iter(state.values())).dtype).eval()
+
+
+def card_base_model(folder: Path) -> str | None:
+    """The `base_model` the folder's card names, if any."""
+    from huggingface_hub import ModelCard
+
+    try:
+        return ModelCard.load(folder / "README.md").data.base_model
+    except Exception:  # no card or no metadata: the base model is unknown
+        return None
+
+
+def merge(args) -> Path:
+    """Write the dense folder `args` describes; returns its path (validate, dispatch, write)."""
+    folder = open_model_folder(args.model_dir, EXPERT_MODELS)
+    output = check_output(args.output, (folder.path,), args.overwrite)
+    if folder.is_adapter and folder.model_type != "comoe_bert":
+        raise UsageError(f"{folder.name} is an adapter-only folder of model_type={folder.model_type!r}")
     if args.task and args.experts:
         raise UsageError("pass --task or --experts, not both")
     if args.calibration and args.weights:
         raise UsageError("pass --calibration or --weights, not both")
-    weights = [float(w) for w in args.weights.split(",")] if args.weights else None
-    names = [args.task] if args.task else (args.experts.split(",") if args.experts else None)
-    st_config = read_json(folder / "config_sentence_transformers.json")
-    st_prompts = st_config.get("prompts", {})
-    default_prompt = st_config.get("default_prompt_name")  # a merge keeps the plain `encode` prompt
-
-    calibration_texts = (
-        read_calibration(Path(args.calibration)) if args.calibration and model_type != "mote_bert" else None
+    st_config = read_json(folder.path / "config_sentence_transformers.json")
+    merged = MERGERS[folder.model_type](
+        folder, args, st_config.get("prompts", {}), st_config.get("default_prompt_name")
     )
-    if model_type == "comoe_bert":
-        from modeling.modeling_comoe import CoMoeBertModel
-
-        if args.task or args.experts:
-            raise UsageError("--task and --experts do not apply to CoMoE: every expert is folded in, weighted")
-        comoe = CoMoeBertModel.from_pretrained(str(folder)).eval()  # full or adapter-only folder
-        num_experts = comoe.config.num_local_experts
-        if calibration_texts:
-            shares = comoe_routing_weights(comoe, load_tokenizer(folder, trust_remote_code=True), calibration_texts)
-        else:
-            uniform = torch.tensor(normalised_weights(num_experts, weights), dtype=torch.float64)
-            shares = uniform.expand(len(comoe.config.adapted_linears()), -1)
-        logger.info("expert weights per CoMoE linear (mean over linears): %s", shares.mean(0).tolist())
-        merged = merge_comoe(comoe, shares)
-        provenance = (
-            "The CoMoE LoRA experts folded into the base weights, each weighted by its "
-            + ("mean routing weight on calibration texts" if calibration_texts else "share given (uniform by default)")
-            + ". Routing depends on the input, so this dense model approximates the CoMoE model."
-        )
-    else:
-        state = read_state_dict(folder)
-    if model_type == "mote_bert":
-        if args.calibration:
-            raise UsageError("--calibration weights experts by router usage; MoTE routes by task, use --weights")
-        experts = mote_expert_indices(config, names)
-        merged = merge_mote(state, config, experts, normalised_weights(len(experts), weights))
-        chosen = [config["tasks"][e] for e in experts]
-        if args.task:
-            task = chosen[0]
-            prefix = config["task_prefixes"][task]
-            default_prompt = (
-                task
-                if st_prompts.get(task) == prefix
-                else next((name for name, text in st_prompts.items() if text == prefix), None)
-            )
-            if default_prompt is None:
-                default_prompt = task
-                st_prompts = {**st_prompts, task: prefix}
-            provenance = (
-                f"It holds the `{task}` task experts of the MoTE model, unchanged; `encode` prepends `{prefix}`."
-            )
-        else:
-            shares = ", ".join(f"{w:.3g}" for w in normalised_weights(len(experts), weights))
-            provenance = f"Expert Averaging of the task experts {chosen} ({shares})."
-    elif model_type == "moe_bert":
-        if args.task:
-            raise UsageError("--task applies to MoTE folders; a token-routed MoE has no task experts")
-        num_experts = config["num_local_experts"]
-        try:
-            experts = [int(e) for e in names] if names else list(range(num_experts))
-        except ValueError:
-            raise UsageError(f"--experts for a token-routed MoE takes expert indices 0..{num_experts - 1}") from None
-        if any(not 0 <= e < num_experts for e in experts) or len(set(experts)) != len(experts):
-            raise UsageError(f"--experts must be distinct indices in 0..{num_experts - 1}, got {experts}")
-        if calibration_texts:
-            layer_weights = router_usage(folder, calibration_texts, experts)
-        else:
-            uniform = normalised_weights(len(experts), weights)
-            layer_weights = {layer: uniform for layer in config["moe_layers"]}
-        merged = merge_moe(state, experts, layer_weights)
-        provenance = f"Expert Averaging of experts {experts} of every MoE layer" + (
-            " weighted by router usage on a calibration text." if args.calibration else "."
-        )
-
-    target_config = dense_config(config)
-    with torch.device("meta"):
-        model = AutoModel.from_config(target_config, add_pooling_layer=config.get("add_pooling_layer", True))
-    try:
-        model.load_state_dict(merged, strict=True, assign=True)
-    except RuntimeError as error:
-        raise UsageError(f"merged weights do not fit {type(model).__name__}: {str(error).splitlines()[0]}") from None
-    model = model.to(parse_dtype(args.dtype) if args.dtype else next(iter(merged.values())).dtype).eval()
-
-    base_model = None
-    try:
-        from huggingface_hub import ModelCard
-
-        base_model = ModelCard.load(folder / "README.md").data.base_model
-    except Exception:  # no card: the base model is unknown
-        pass
+    model = dense_model(folder.config, merged.state, parse_dtype(args.dtype) if args.dtype else None)
     with atomic_output_dir(output, args.overwrite) as tmp:
         model.save_pretrained(tmp, max_shard_size=args.max_shard_size)
-        copy_tokenizer_files(folder, tmp)
+        copy_tokenizer_files(folder.path, tmp)
         write_sentence_transformers_files(
-            folder,
+            folder.path,
             tmp,
             "sentence_transformers.models.Transformer",
-            st_prompts,
-            default_prompt_name=default_prompt,
+            merged.prompts,
+            default_prompt_name=merged.default_prompt,
             drop_module_keys=("prepend_task_prefix",),
         )
         render_card(
             tmp,
             args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}",
-            base_model=base_model,
-            license_id=source_license(folder),
-            provenance=provenance,
+            base_model=card_base_model(folder.path),
+            license_id=source_license(folder.path),
+            provenance=merged.provenance,
         )
-    logger.info("wrote %s (%s)", output, provenance)
-    if config.get("model_type") == "comoe_bert":
-        if calibration_texts:
-            cosine = mean_cosine(folder, output, calibration_texts[:512])
+    print(f"wrote {output} ({merged.provenance})")
+    if folder.model_type == "comoe_bert":
+        if merged.calibration_texts:
+            cosine = mean_cosine(folder.path, output, merged.calibration_texts[:512])
             print(f"mean cosine between the CoMoE and the merged embeddings on the calibration texts: {cosine:.4f}")
         else:
             print("no --calibration texts: the merged model's agreement with the CoMoE model was not measured")
@@ -361,8 +386,8 @@ def merge(args) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Merge the experts of a MoTE or token-routed MoE folder into a plain dense transformers model.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("model_dir", help="MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder")
     parser.add_argument("--output", required=True, help="folder to write")

@@ -30,11 +30,11 @@ if __package__ in (None, ""):  # run as `python convert/push_to_hub.py`
 
 from convert.cards import PLACEHOLDER_OWNER, build_card
 from convert.checkpoint import read_json
-from moe_embed_cli import UsageError, run_cli
+from convert.folders import PICKLE_SUFFIXES, open_model_folder
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("push_to_hub")
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # Loads the folder the way users will, in a fresh interpreter, and runs one forward pass each way.
 VALIDATE = """
 import json, sys
@@ -74,10 +74,7 @@ def validate(folder: Path, offline: bool = True) -> None:
     """Load the folder in a fresh process and run a forward pass; UsageError if it fails.
 
     `offline=False` lets the process fetch what the folder names (the Hub base of an adapter folder)."""
-    if not (folder / "config.json").is_file():
-        raise UsageError(f"{folder} is not a model folder (no config.json)")
-    if not list(folder.glob("*.safetensors")):
-        raise UsageError(f"{folder} has no *.safetensors weights")
+    open_model_folder(folder, fetch=False)  # config, safetensors weights (headers read), nothing pickle-only
     env = {**os.environ, "HF_HUB_OFFLINE": "1"} if offline else dict(os.environ)
     result = subprocess.run(
         [sys.executable, "-c", VALIDATE, str(folder.resolve())], env=env, capture_output=True, text=True, cwd="/"
@@ -142,9 +139,7 @@ def push(args) -> str:
     """Validate, then upload `args.model_dir` to `args.repo_id` in one commit; returns the commit URL."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    folder = Path(args.model_dir)
-    if not folder.is_dir():
-        raise UsageError(f"{folder} is not a folder")
+    folder = open_model_folder(args.model_dir, fetch=False).path
     if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
         raise UsageError(f"--repo-id must look like OWNER/NAME, got {args.repo_id!r}")
     rewritten, hub_base = adapter_files_naming(folder, args.base_model_id)
@@ -173,14 +168,14 @@ def push(args) -> str:
         raise UsageError(
             f"upload to {args.repo_id} failed: {type(error).__name__}: {str(error).splitlines()[0]}"
         ) from None
-    logger.info("uploaded %d files to %s: %s", len(operations), args.repo_id, commit.commit_url)
+    print(f"uploaded {len(operations)} files to {args.repo_id}: {commit.commit_url}")
     return commit.commit_url
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Validate a model folder and publish it to the Hugging Face Hub (safetensors and code only).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("model_dir", help="model folder written by upcycle.py or merge_experts.py")
     parser.add_argument("--repo-id", required=True, help="target repository, OWNER/NAME")

@@ -38,10 +38,10 @@ from convert.checkpoint import (
     parse_dtype,
     read_dense_checkpoint,
     read_json,
-    refuse_overlap,
     resolve_source,
     write_sentence_transformers_files,
 )
+from convert.folders import check_output
 from convert.layout import comoe_adapter_keys, moe_router_key, moe_stacked_key, mote_expert_key, mote_key
 from modeling.compat import REQUIREMENTS
 from modeling.configuration_comoe import CoMoeBertConfig
@@ -50,7 +50,7 @@ from modeling.configuration_mote import DEFAULT_TASK_PREFIXES, MoteBertConfig
 from modeling.modeling_comoe import CoMoeBertModel
 from modeling.modeling_moe import MoeBertModel
 from modeling.modeling_mote import MoteBertModel
-from moe_embed_cli import UsageError, run_cli
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("upcycle")
 # The expert a plain `encode(texts)` uses: the MoTE paper routes STS and other generic similarity
@@ -161,6 +161,15 @@ def fill_model(model_cls, config, dense_state: dict, rename, new_tensors: dict |
     return model.eval()
 
 
+def initial_tensors(model_cls, config, keys: list[str], seed: int) -> dict[str, torch.Tensor]:
+    """The tensors `keys` as the model's own `_init_weights` initialises them, under `seed` (one copy of
+    the initialisation: upcycling adds routers and adapters exactly as a fresh model has them)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        state = model_cls(config).state_dict()
+    return {key: state[key].detach().clone() for key in keys}
+
+
 def _config(config_cls, **kwargs):
     try:
         return config_cls(**kwargs)
@@ -220,14 +229,9 @@ def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycle
     if args.expert_noise < 0:
         raise UsageError(f"--expert-noise must be >= 0, got {args.expert_noise}")
     generator = torch.Generator().manual_seed(args.seed)
-    routers = {}
-    for layer in config.moe_layers:
-        shape = (config.num_local_experts, config.hidden_size)
-        routers[moe_router_key(layer)] = (
-            torch.zeros(shape)
-            if args.router_init == "zeros"
-            else config.initializer_range * torch.randn(shape, generator=generator)
-        )
+    routers = initial_tensors(MoeBertModel, config, [moe_router_key(layer) for layer in config.moe_layers], args.seed)
+    if args.router_init == "zeros":
+        routers = {key: torch.zeros_like(tensor) for key, tensor in routers.items()}
     rename = moe_rename(set(config.moe_layers), config.num_local_experts, args.expert_noise, generator)
     model = fill_model(MoeBertModel, config, dense_state, rename, new_tensors=routers)
     return Upcycled(
@@ -255,19 +259,11 @@ def build_comoe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcyc
         router_aux_loss_coef=arch_default(args, "router_aux_loss_coef"),
         base_model_name_or_path=args.base_model_name_or_path,
     )
-    generator = torch.Generator().manual_seed(args.seed)
-    adapters = {}
-    for name in config.adapted_linears():
-        weight = dense_state.get(f"{name}.weight")
-        if weight is None:
-            raise UsageError(f"the dense checkpoint has no {name}.weight to put LoRA experts on")
-        out_features, in_features = weight.shape
-        experts, rank = config.num_local_experts, config.lora_rank
-        bound = 1.0 / in_features**0.5  # peft's (nn.Linear's) init of lora_A
-        keys = comoe_adapter_keys(name)
-        adapters[keys["lora_A"]] = (torch.rand(experts, rank, in_features, generator=generator) * 2 - 1) * bound
-        adapters[keys["lora_B"]] = torch.zeros(experts, out_features, rank)
-        adapters[keys["router"]] = config.initializer_range * torch.randn(experts, in_features, generator=generator)
+    missing = [name for name in config.adapted_linears() if f"{name}.weight" not in dense_state]
+    if missing:
+        raise UsageError(f"the dense checkpoint has no {missing[0]}.weight to put LoRA experts on")
+    keys = [key for name in config.adapted_linears() for key in comoe_adapter_keys(name).values()]
+    adapters = initial_tensors(CoMoeBertModel, config, keys, args.seed)  # B = 0: the model starts as the base
     model = fill_model(CoMoeBertModel, config, dense_state, lambda key, tensor: [(key, tensor)], adapters)
     return Upcycled(
         model=model,
@@ -346,10 +342,18 @@ ARCH_OPTIONS = {
 }
 # defaults of options shared by architectures that differ between them (the papers' settings)
 ARCH_DEFAULTS = {
-    "num_experts": {"moe": 8, "comoe": 4},
-    "experts_per_token": {"moe": 2, "comoe": 2},
-    "router_aux_loss_coef": {"moe": 1.0, "comoe": 0.0},
+    option: {"moe": getattr(MoeBertConfig, field), "comoe": getattr(CoMoeBertConfig, field)}
+    for option, field in (
+        ("num_experts", "num_local_experts"),
+        ("experts_per_token", "num_experts_per_tok"),
+        ("router_aux_loss_coef", "router_aux_loss_coef"),
+    )
 }
+
+
+def per_arch(option: str) -> str:
+    """The defaults of a shared option, for `--help`."""
+    return ", ".join(f"{value} for {arch}" for arch, value in ARCH_DEFAULTS[option].items())
 
 
 def arch_default(args, option: str):
@@ -374,14 +378,12 @@ DEFAULT_OUTPUTS = {"mote": "models/mote-minilm", "moe": "models/moe-minilm", "co
 def upcycle(args) -> Path:
     """Write the model folder `args` describes; returns its path."""
     refuse_flags_of_other_architectures(args)
+    output = check_output(args.output or DEFAULT_OUTPUTS[args.arch], overwrite=args.overwrite)  # before any work
     source = resolve_source(args.base)
+    check_output(output, (source,), args.overwrite)
     local_base = args.base is not None and Path(args.base).is_dir()
     base_name = args.base or "sentence-transformers/all-MiniLM-L6-v2"
-    output = Path(args.output or DEFAULT_OUTPUTS[args.arch])
     dtype = parse_dtype(args.dtype)
-    refuse_overlap(source, output)
-    if output.exists() and not args.overwrite:  # refuse before any work
-        raise UsageError(f"{output.resolve()} already exists; pass --overwrite to replace it")
     logger.info("reading dense checkpoint %s", source)
     dense_config, dense_state = read_dense_checkpoint(source)
     tokenizer = load_tokenizer(source)
@@ -421,14 +423,27 @@ def upcycle(args) -> Path:
             license_id=source_license(source),
             untrained=True,
         )
-    logger.info("wrote %s (%s, %s)", output, args.arch, args.dtype)
+    print(f"wrote {output} ({args.arch}, {args.dtype})")
     return output
+
+
+def upcycle_folder(output: str | Path, arch: str = "mote", base: str | None = None, overwrite: bool = False, **options):
+    """`upcycle.py` as a function: write the `arch` folder of the dense `base` (default: the bundled MiniLM)
+    to `output`; `options` are the command's options by their Python names (`num_experts=4`, `seed=1`)."""
+    args = build_parser().parse_args([])
+    unknown = sorted(set(options) - set(vars(args)))
+    if unknown:
+        raise TypeError(f"unknown upcycle options {unknown}; expected names from {sorted(vars(args))}")
+    if arch not in BUILDERS:
+        raise UsageError(f"unknown arch {arch!r}; expected one of {', '.join(BUILDERS)}")
+    vars(args).update(options, arch=arch, base=base, output=str(output), overwrite=overwrite)
+    return upcycle(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description="Upcycle a dense bert/roberta/xlm-roberta checkpoint into an expert model folder.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=__doc__,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "--arch",
@@ -475,22 +490,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     shared = parser.add_argument_group("moe and comoe")
     shared.add_argument(
-        "--num-experts", type=int, default=None, help="experts per MoE layer / per CoMoE linear (default: 8 / 4)"
+        "--num-experts",
+        type=int,
+        default=None,
+        help=f"experts per MoE layer / per CoMoE linear (default: {per_arch('num_experts')})",
     )
     shared.add_argument(
-        "--experts-per-token", type=int, default=None, help="experts each token is routed to, top-k (default: 2)"
+        "--experts-per-token",
+        type=int,
+        default=None,
+        help=f"experts each token is routed to, top-k (default: {per_arch('experts_per_token')})",
     )
     shared.add_argument(
         "--router-aux-loss-coef",
         type=float,
         default=None,
-        help="load-balancing loss weight (default: 1 for moe as in Nomic Embed v2, 0 for comoe as in CoMoE)",
+        help=f"load-balancing loss weight (default: {per_arch('router_aux_loss_coef')}, the papers' choices)",
     )
     shared.add_argument("--seed", type=int, default=0, help="seed for the router and LoRA init and expert noise")
     moe = parser.add_argument_group("moe")
     moe.add_argument(
         "--moe-layers",
-        default="every_other",
+        default=MoeBertConfig.moe_layers,
         help="layers whose FFN becomes an MoE block: every_other (1,3,5,...), all, or indices",
     )
     moe.add_argument(
@@ -510,28 +531,52 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="std of Gaussian noise added to each expert's weights to break symmetry",
     )
-    moe.add_argument("--router-z-loss-coef", type=float, default=0.0, help="router z-loss weight")
-    moe.add_argument("--router-jitter-noise", type=float, default=0.0, help="router input jitter in training")
+    moe.add_argument(
+        "--router-z-loss-coef", type=float, default=MoeBertConfig.router_z_loss_coef, help="router z-loss weight"
+    )
+    moe.add_argument(
+        "--router-jitter-noise",
+        type=float,
+        default=MoeBertConfig.router_jitter_noise,
+        help="router input jitter in training",
+    )
     comoe = parser.add_argument_group("comoe")
-    comoe.add_argument("--rank", type=int, default=16, help="LoRA rank r of every expert")
-    comoe.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA alpha (experts are scaled by alpha / r)")
-    comoe.add_argument("--lora-dropout", type=float, default=0.05, help="dropout on the experts' input in training")
+    comoe.add_argument("--rank", type=int, default=CoMoeBertConfig.lora_rank, help="LoRA rank r of every expert")
+    comoe.add_argument(
+        "--lora-alpha",
+        type=float,
+        default=CoMoeBertConfig.lora_alpha,
+        help="LoRA alpha (experts are scaled by alpha / r)",
+    )
+    comoe.add_argument(
+        "--lora-dropout",
+        type=float,
+        default=CoMoeBertConfig.lora_dropout,
+        help="dropout on the experts' input in training",
+    )
     comoe.add_argument(
         "--target-modules",
-        default="query,key,value,attention.output.dense",
+        default=CoMoeBertConfig.target_modules,
         help="linears that get experts, matched as peft's target_modules "
         "(query, key, value, attention.output.dense, intermediate.dense, output.dense)",
     )
     comoe.add_argument(
-        "--layers", default="all", help="layers whose target linears get experts: all, every_other or indices"
+        "--layers",
+        default=CoMoeBertConfig.adapter_layers,
+        help="layers whose target linears get experts: all, every_other or indices",
     )
     comoe.add_argument(
         "--contrastive-loss-coef",
         type=float,
-        default=0.01,
+        default=CoMoeBertConfig.contrastive_loss_coef,
         help="weight λ of the contrastive expert loss (0: MoE-LoRA)",
     )
-    comoe.add_argument("--contrastive-tau", type=float, default=0.07, help="temperature of the contrastive expert loss")
+    comoe.add_argument(
+        "--contrastive-tau",
+        type=float,
+        default=CoMoeBertConfig.contrastive_tau,
+        help="temperature of the contrastive expert loss",
+    )
     parser.add_argument(
         "--dtype", default="float32", choices=["float32", "float16", "bfloat16"], help="dtype of the saved weights"
     )

@@ -167,7 +167,7 @@ def test_adapter_weights_of_other_target_modules_are_refused(trained_folders, tm
 def test_extract_adapter_bad_input(trained_folders, comoe_dir, mote_dir, tmp_path, capsys):
     full, adapter = trained_folders
     code, err = run_main(extract_main, mote_dir, "--output", str(tmp_path / "a"), capsys=capsys)
-    assert code == 2 and "expected a CoMoE folder (comoe_bert)" in err
+    assert code == 2 and "expected a CoMoE (comoe_bert) folder" in err
     code, err = run_main(extract_main, str(adapter), "--output", str(tmp_path / "b"), capsys=capsys)
     assert code == 2 and "already an adapter-only folder" in err
     code, err = run_main(extract_main, str(full), "--output", str(adapter), capsys=capsys)

@@ -149,7 +149,7 @@ def test_moe_and_comoe_folders_export(moe_dir, comoe_dir, tmp_path, tokenizer, c
 @pytest.mark.parametrize(
     "case, message",
     [
-        ("dense", "holds model_type='bert'; expected a folder of MoTE (mote_bert)"),
+        ("dense", "holds model_type='bert'; expected a MoTE (mote_bert)"),
         ("task-on-moe", "--task applies to MoTE folders"),
         ("unknown-task", "Unknown task 'legal'"),
         ("opset", "--opset must lie in 18..23"),

@@ -142,7 +142,10 @@ def test_refusals(mote_dir, dense_path, tmp_path, capsys):
     code, err = merge(capsys, dense_path, "--output", str(tmp_path / "out"))
     assert code == 2 and "expected a MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder" in err
     code, err = merge(capsys, str(tmp_path / "nowhere"), "--output", str(tmp_path / "out"))
-    assert code == 2 and "is not a model folder" in err
+    assert code == 2 and "no model folder" in err
+    (tmp_path / "empty").mkdir()
+    code, err = merge(capsys, str(tmp_path / "empty"), "--output", str(tmp_path / "out"))
+    assert code == 2 and "is not a model folder (no config.json)" in err
     (tmp_path / "exists").mkdir()
     code, err = merge(capsys, mote_dir, "--output", str(tmp_path / "exists"))
     assert code == 2 and "already exists; pass --overwrite" in err

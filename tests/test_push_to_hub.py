@@ -122,7 +122,7 @@ def test_bad_repo_id_and_missing_weights(tiny_mote_dir, tmp_path, capsys):
         "error: --repo-id must look like OWNER/NAME, got 'no-owner'",
     )
     code, message = run(str(folder), "--repo-id", "dave/x")
-    assert code == 2 and message.endswith("has no *.safetensors weights")
+    assert code == 2 and message.endswith("has no model.safetensors (or model.safetensors.index.json)")
 
 
 def test_adapter_folder_is_published_naming_a_hub_base(tiny_mote_dir, tmp_path):

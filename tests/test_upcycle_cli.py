@@ -219,7 +219,9 @@ def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage
 @pytest.mark.slow
 def test_missing_base_folder_and_help(tmp_path, capsys):
     code, err = upcycle(capsys, "--base", str(tmp_path / "nonexistent"), "--output", str(tmp_path / "out"))
-    assert code == 2 and "could not be fetched from the Hub" in err.splitlines()[-1]
+    assert code == 2 and "no model folder" in err.splitlines()[-1]  # a local path never goes to the Hub
+    code, err = upcycle(capsys, "--base", "someone/no-such-model", "--output", str(tmp_path / "out"))
+    assert code == 2 and "could not be fetched from the Hub" in err.splitlines()[-1]  # a Hub id, offline
     assert not (tmp_path / "out").exists()
     code, err = upcycle(capsys, "--output", str(tmp_path / "out"), "--max-shard-size", "abc")
     assert code == 2 and "expected a size such as 2GB" in err
