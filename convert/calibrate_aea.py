@@ -31,6 +31,8 @@ from convert.cards import PLACEHOLDER_OWNER, looks_like_hub_id
 from convert.checkpoint import atomic_output_dir, copy_modeling_files, read_json, write_json, write_st_model_config
 from convert.folders import check_output, open_model_folder
 from convert.merge_experts import read_calibration
+from evaluation.data import DATA_DIR_HELP
+from modeling.manifest import FOLDER_FILES, HUB_TAGS, MODEL_TYPE_TAGS, ST_MODULES
 from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("calibrate_aea")
@@ -218,8 +220,8 @@ def write_folder(target: Path, model, tokenizer, settings: dict, source_name: st
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     write_json(target / "aea_config.json", settings)
-    copy_modeling_files(target, ["aea.py", "st_aea.py"])
-    write_json(target / "modules.json", [{"idx": 0, "name": "0", "path": "", "type": "st_aea.AeaTransformer"}])
+    copy_modeling_files(target, FOLDER_FILES["aea"])
+    write_json(target / "modules.json", [{"idx": 0, "name": "0", "path": "", "type": ST_MODULES["aea"]}])
     write_json(target / "sentence_bert_config.json", {"transformer_task": "feature-extraction"})
     write_st_model_config(target, prompts={})
     render_aea_card(target, settings, source_name, repo_id)
@@ -232,7 +234,7 @@ def render_aea_card(target: Path, settings: dict, source_name: str, repo_id: str
     card_data = ModelCardData(
         library_name="sentence-transformers",
         pipeline_tag="sentence-similarity",
-        tags=["sentence-transformers", "feature-extraction", "mixture-of-experts", "aea", "moe-embed"],
+        tags=list(dict.fromkeys(HUB_TAGS + MODEL_TYPE_TAGS["aea"])),
         base_model=source_name if looks_like_hub_id(source_name) else None,
     )
     rows = [
@@ -405,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--search", action="store_true", help="choose --alpha and --exit-layer on the STS-B dev pairs")
     parser.add_argument("--alphas", default=DEFAULT_ALPHAS, help=f"--search grid of α (default {DEFAULT_ALPHAS})")
     parser.add_argument("--exit-layers", help="--search grid of exit layers (default the last four)")
-    parser.add_argument("--data-dir", help="the shared data folder (default ../shared/data or $MOE_EMBED_DATA)")
+    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-length", type=int, default=256, help="truncate texts to this many tokens")
     return parser

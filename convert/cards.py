@@ -8,6 +8,7 @@ from pathlib import Path
 
 from convert.checkpoint import HUB_CARDS_DIR, read_json
 from convert.layout import is_comoe_expert_key, parse_moe_key, parse_mote_key
+from modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS
 
 TEMPLATES = {
     "mote_bert": "mote.md",
@@ -107,20 +108,10 @@ def build_card(
     adapter_only = (folder / "adapter_config.json").is_file()  # an adapter-only CoMoE folder
     if base_is_hub_id is None:
         base_is_hub_id = looks_like_hub_id(base_model)
-    kind_tags = {
-        "mote_bert": ["mixture-of-experts", "mote"],
-        "moe_bert": ["mixture-of-experts", "moe"],
-        "comoe_bert": ["mixture-of-experts", "comoe", "lora", "peft"],
-    }
     card_data = ModelCardData(
         library_name="sentence-transformers",
         pipeline_tag="sentence-similarity",
-        tags=[
-            "sentence-transformers",
-            "feature-extraction",
-            *kind_tags.get(model_type, ["mote", "expert-averaging"]),
-            "moe-embed",
-        ],
+        tags=list(dict.fromkeys(HUB_TAGS + MODEL_TYPE_TAGS.get(model_type, MODEL_TYPE_TAGS["dense"]))),
         base_model=base_model if base_is_hub_id else None,
         license=license_id,
     )

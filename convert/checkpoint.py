@@ -19,6 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from convert.layout import DENSE_ARCHITECTURES, position_offset
+from modeling.manifest import TOKENIZER_FILES
 from moe_embed_cli import UsageError
 
 logger = logging.getLogger(__name__)
@@ -41,17 +42,6 @@ ENCODER_FIELDS = (
     "initializer_range",
     "layer_norm_eps",
     "pad_token_id",
-)
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.txt",
-    "vocab.json",
-    "merges.txt",
-    "sentencepiece.bpe.model",
-    "spiece.model",
-    "added_tokens.json",
 )
 
 

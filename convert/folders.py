@@ -201,6 +201,21 @@ def open_model_folder(
     return folder
 
 
+def load_sentence_transformer(
+    name: str | os.PathLike, *, trust_remote_code: bool, remote_code_option: str = "--trust-remote-code", **kwargs
+):
+    """`SentenceTransformer` of the folder or Hub id `name`, opened under the folder contract first (so a
+    typo, a corrupt file, pickles or code that needs `remote_code_option` are one line, not a traceback)."""
+    from sentence_transformers import SentenceTransformer
+
+    folder = open_model_folder(name, trust_remote_code=trust_remote_code, remote_code_option=remote_code_option)
+    try:
+        return SentenceTransformer(str(folder.path), trust_remote_code=trust_remote_code, **kwargs)
+    except (OSError, ValueError) as error:  # inconsistent files the checks above cannot see
+        first = str(error).splitlines()[0] if str(error) else ""
+        raise UsageError(f"cannot load {name} with sentence-transformers: {type(error).__name__}: {first}") from None
+
+
 def check_output(output: str | os.PathLike, inputs: tuple = (), overwrite: bool = False, option: str = "--overwrite"):
     """Refuse an output that overlaps an input (tools never touch their input, whatever `overwrite`
     says) or that exists without `overwrite`; returns the output as a `Path`."""
@@ -221,6 +236,7 @@ __all__ = [
     "open_model_folder",
     "check_output",
     "check_weights",
+    "load_sentence_transformer",
     "locate",
     "looks_like_local_path",
 ]

@@ -31,6 +31,7 @@ if __package__ in (None, ""):  # run as `python convert/push_to_hub.py`
 from convert.cards import PLACEHOLDER_OWNER, build_card
 from convert.checkpoint import read_json
 from convert.folders import PICKLE_SUFFIXES, open_model_folder
+from modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS
 from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("push_to_hub")
@@ -95,9 +96,7 @@ def refreshed_card(folder: Path, repo_id: str) -> str:
     card.data.library_name = card.data.library_name or "sentence-transformers"
     card.data.pipeline_tag = card.data.pipeline_tag or "sentence-similarity"
     tags = list(card.data.tags or [])
-    for tag in ["sentence-transformers", "moe-embed"] + (
-        ["mixture-of-experts"] if model_type in ("mote_bert", "moe_bert", "comoe_bert") else []
-    ):
+    for tag in HUB_TAGS + MODEL_TYPE_TAGS.get(model_type, ()):
         if tag not in tags:
             tags.append(tag)
     card.data.tags = tags

@@ -47,6 +47,7 @@ from modeling.compat import REQUIREMENTS
 from modeling.configuration_comoe import CoMoeBertConfig
 from modeling.configuration_moe import MoeBertConfig
 from modeling.configuration_mote import DEFAULT_TASK_PREFIXES, MoteBertConfig
+from modeling.manifest import FOLDER_FILES, ST_MODULES
 from modeling.modeling_comoe import CoMoeBertModel
 from modeling.modeling_moe import MoeBertModel
 from modeling.modeling_mote import MoteBertModel
@@ -63,7 +64,6 @@ class Upcycled:
     """An upcycled model (fp32, eval mode) and what its folder needs besides the weights."""
 
     model: torch.nn.Module
-    st_module: str  # "file.Class" of the Sentence-Transformers input module, a file of modeling/
     prompts: dict[str, str]
     exact: bool = True  # whether the untrained model must reproduce the dense model
     default_prompt_name: str | None = None  # the prompt `SentenceTransformer.encode` uses when given none
@@ -207,7 +207,6 @@ def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycl
     model = fill_model(MoteBertModel, config, dense_state, mote_rename(set(config.expert_layers), config.num_tasks))
     return Upcycled(
         model=model,
-        st_module="st_mote.MoteTransformer",
         prompts=with_passage(tasks),
         default_prompt_name=config.default_task,
     )
@@ -236,7 +235,6 @@ def build_moe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycle
     model = fill_model(MoeBertModel, config, dense_state, rename, new_tensors=routers)
     return Upcycled(
         model=model,
-        st_module="st_moe.MoeTransformer",
         prompts=with_passage(parse_task_prefixes(args.tasks)),
         exact=config.norm_topk_prob and args.expert_noise == 0,
     )
@@ -267,7 +265,6 @@ def build_comoe(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcyc
     model = fill_model(CoMoeBertModel, config, dense_state, lambda key, tensor: [(key, tensor)], adapters)
     return Upcycled(
         model=model,
-        st_module="st_moe.MoeTransformer",
         prompts=with_passage(parse_task_prefixes(args.tasks)),
     )
 
@@ -410,10 +407,11 @@ def upcycle(args) -> Path:
         # the Sentence-Transformers module is not reached from it, so it is copied here.
         model.config.requirements = dict(REQUIREMENTS)  # not a field: saved as it is, kept by later saves
         model.save_pretrained(tmp, max_shard_size=args.max_shard_size)
-        copy_modeling_files(tmp, [upcycled.st_module.split(".")[0] + ".py", "st_compat.py"])
+        model_type = model.config.model_type
+        copy_modeling_files(tmp, FOLDER_FILES[model_type])
         copy_tokenizer_files(source, tmp)
         write_sentence_transformers_files(
-            source, tmp, upcycled.st_module, upcycled.prompts, default_prompt_name=upcycled.default_prompt_name
+            source, tmp, ST_MODULES[model_type], upcycled.prompts, default_prompt_name=upcycled.default_prompt_name
         )
         render_card(
             tmp,

@@ -11,6 +11,8 @@ from pathlib import Path
 from moe_embed_cli import UsageError
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+# the --data-dir help of every script that reads the data
+DATA_DIR_HELP = "data folder (default: $MOE_EMBED_DATA, else ../shared/data beside the repository)"
 
 
 def data_dir(override: str | None = None) -> Path:

@@ -32,7 +32,9 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from convert.folders import load_sentence_transformer
 from evaluation import data as D
+from evaluation.data import DATA_DIR_HELP
 from evaluation.run import Task, prompt_for, select_tasks
 from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-texts", type=int, default=256, help="texts per task (default 256)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the text draw (default 0)")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--data-dir", default=None, help="evaluation data folder (default: ../shared/data)")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--output", default=None, help="JSON file for the numbers")
     parser.add_argument("--plot", default=None, help="image file for the figure (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -245,9 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install -e '.[analysis]'") from None
 
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(args.model, trust_remote_code=True)
+    model = load_sentence_transformer(args.model, trust_remote_code=True)  # it reads this package's routers
     routed_sites(model[0].auto_model)  # a clear error before any text is read
     usage = {}
     for task in tasks:

@@ -26,7 +26,9 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from convert.folders import load_sentence_transformer
 from evaluation import data as D
+from evaluation.data import DATA_DIR_HELP
 from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 TASKS = ("query", "document", "classification", "clustering")
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--texts", default=None, help="file with one text per line (default: SciFact documents)")
     parser.add_argument("--count", type=int, default=128, help="number of default texts (default 128)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the default texts' draw (default 0)")
-    parser.add_argument("--data-dir", default=None, help="shared data folder (default: ../shared/data)")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the models' own code (MoTE)")
     args = parser.parse_args(argv)
     names = args.names.split(",") if args.names else [Path(m).name or m for m in args.models]
@@ -154,9 +156,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         texts = default_texts(D.data_dir(args.data_dir), args.count, args.seed)
     if len(texts) < 3:
         raise UsageError(f"need at least 3 texts for the t-tests, got {len(texts)}")
-    from sentence_transformers import SentenceTransformer
-
-    models = [SentenceTransformer(m, trust_remote_code=args.trust_remote_code) for m in args.models]
+    models = [load_sentence_transformer(m, trust_remote_code=args.trust_remote_code) for m in args.models]
     similarities = [pair_similarities(task_embeddings(model, texts)) for model in models]
     rows = compare(similarities, names)
     out = Path(args.output_dir)

@@ -26,7 +26,9 @@ import numpy as np
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from convert.folders import load_sentence_transformer
 from evaluation import data as D
+from evaluation.data import DATA_DIR_HELP
 from evaluation.metrics import classification_accuracy, clustering_v_measure, undersample_draws
 from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("model", help="model folder or Hub id (loaded with SentenceTransformer)")
     parser.add_argument("--tasks", default="all", help=f"comma-separated task names or 'all': {', '.join(TASKS)}")
     parser.add_argument("--output", default=None, help="JSON file to write the scores to")
-    parser.add_argument("--data-dir", default=None, help="evaluation data folder (default: ../shared/data)")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     parser.add_argument("--seed", type=int, default=42, help="seed of the classification and clustering protocols")
     parser.add_argument(
@@ -212,9 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     tasks = select_tasks(args.tasks)
     root = D.data_dir(args.data_dir)
 
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(args.model, trust_remote_code=args.trust_remote_code)
+    model = load_sentence_transformer(args.model, trust_remote_code=args.trust_remote_code)
     results = {}
     for task in tasks:
         logger.info("evaluating %s", task.name)

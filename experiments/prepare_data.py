@@ -30,6 +30,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluation import data as D
+from evaluation.data import DATA_DIR_HELP
 from moe_embed_cli import HelpFormatter, run_cli
 from training.data_tools import write_rows
 
@@ -128,7 +129,7 @@ def write(datasets: dict[str, list[dict]], output: Path, negatives: bool = True)
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--output", required=True, help="folder for the JSONL files")
-    parser.add_argument("--data-dir", default=None, help="shared data folder (default: ../shared/data)")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     parser.add_argument("--no-negatives", action="store_true", help="write (anchor, positive) pairs only")
     args = parser.parse_args(argv)

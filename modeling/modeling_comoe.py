@@ -26,9 +26,11 @@ its siblings.
 import contextvars
 import copy
 import json
+import logging
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 
 import torch
@@ -41,13 +43,21 @@ from .compat import init
 from .configuration_comoe import CoMoeBertConfig
 from .configuration_encoder import EncoderConfig  # noqa: F401 (transformers 4.x: see modeling_mote.py)
 from .configuration_moe import MoeBertConfig  # noqa: F401
+from .manifest import (
+    ADAPTER_CONFIG_NAME,
+    ADAPTER_PEFT_TYPE,
+    ADAPTER_WEIGHTS_NAME,
+    FOLDER_FILES,
+    LIBRARY_NAME,
+    ST_MODULES,
+    TOKENIZER_FILES,
+)
 from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel
 from .modeling_moe import load_balancing_loss
 
-ADAPTER_CONFIG_NAME = "adapter_config.json"
-ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
+logger = logging.getLogger(__name__)
+
 ADAPTER_KEY_PREFIX = "base_model.model."  # peft's prefix of adapter tensor names
-PEFT_TYPE = "COMOE"
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B", ".router.weight")
 # config fields that must agree between an adapter and the base it is loaded on
 BASE_SHAPE_FIELDS = (
@@ -433,13 +443,59 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
         if self._auto_class is not None:
             custom_object_save(self, save_directory, config=config)
         config.save_pretrained(save_directory)
-        with open(os.path.join(save_directory, ADAPTER_CONFIG_NAME), "w", encoding="utf-8") as handle:
-            json.dump(adapter_config(config), handle, indent=2)
-            handle.write("\n")
+        _write_json(os.path.join(save_directory, ADAPTER_CONFIG_NAME), adapter_config(config))
         from safetensors.torch import save_file
 
         tensors = {ADAPTER_KEY_PREFIX + name: t.detach().contiguous() for name, t in self.adapter_state_dict().items()}
         save_file(tensors, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
+        self._write_sentence_transformers_files(save_directory)
+
+    def _write_sentence_transformers_files(self, save_directory: str) -> None:
+        """Make an adapter-only folder load with `SentenceTransformer(DIR, trust_remote_code=True)`.
+
+        sentence-transformers reads an `adapter_config.json` as a peft adapter (and fails on this adapter
+        type) unless the folder names this package's input module. So the module files are copied, from
+        beside this file or from the folder the model was loaded from, with that folder's tokenizer, pooling
+        and prompts when it has them (mean pooling otherwise). Files already in `save_directory` are kept."""
+        sources = [os.path.dirname(os.path.abspath(__file__)), str(self.name_or_path or "")]
+        source = next(
+            (s for s in sources if os.path.isfile(os.path.join(s, FOLDER_FILES[self.config.model_type][0]))), None
+        )
+        if source is None:
+            logger.warning(
+                "%s loads with AutoModel only: the Sentence-Transformers module files were not found beside the "
+                "model code; write the folder with convert/extract_adapter.py instead",
+                save_directory,
+            )
+            return
+        for name in FOLDER_FILES[self.config.model_type]:
+            if not os.path.exists(os.path.join(save_directory, name)):
+                shutil.copy2(os.path.join(source, name), os.path.join(save_directory, name))
+        loaded_from = str(self.name_or_path or "")
+        for name in TOKENIZER_FILES:  # sentence-transformers loads the tokenizer from the folder itself
+            path = os.path.join(loaded_from, name)
+            if os.path.isfile(path) and not os.path.exists(os.path.join(save_directory, name)):
+                shutil.copy2(path, os.path.join(save_directory, name))
+        if os.path.exists(os.path.join(save_directory, "modules.json")):
+            return
+        if os.path.isfile(os.path.join(loaded_from, "modules.json")):
+            with open(os.path.join(loaded_from, "modules.json"), encoding="utf-8") as handle:
+                modules = json.load(handle)
+            for name in ("sentence_bert_config.json", "config_sentence_transformers.json"):
+                if os.path.isfile(os.path.join(loaded_from, name)):
+                    shutil.copy2(os.path.join(loaded_from, name), os.path.join(save_directory, name))
+            for entry in modules[1:]:
+                if entry.get("path") and os.path.isdir(os.path.join(loaded_from, entry["path"])):
+                    shutil.copytree(
+                        os.path.join(loaded_from, entry["path"]), os.path.join(save_directory, entry["path"])
+                    )
+        else:
+            os.makedirs(os.path.join(save_directory, "1_Pooling"), exist_ok=True)
+            pooling = {"word_embedding_dimension": self.config.hidden_size, "pooling_mode_mean_tokens": True}
+            _write_json(os.path.join(save_directory, "1_Pooling", "config.json"), pooling)
+            modules = [{}, {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        modules[0] = {"idx": 0, "name": "0", "path": "", "type": ST_MODULES[self.config.model_type]}
+        _write_json(os.path.join(save_directory, "modules.json"), modules)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
@@ -454,7 +510,7 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
             **hub_kwargs,
         )
         settings = _read_json(found) if found else None
-        if not settings or settings.get("peft_type") != PEFT_TYPE:
+        if not settings or settings.get("peft_type") != ADAPTER_PEFT_TYPE:
             loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
             (loaded[0] if isinstance(loaded, tuple) else loaded).freeze_base()
             return loaded
@@ -526,8 +582,8 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
 def adapter_config(config: CoMoeBertConfig) -> dict:
     """The `adapter_config.json` of an adapter-only folder (peft's field names where they exist)."""
     return {
-        "peft_type": PEFT_TYPE,
-        "library_name": "moe-embed",
+        "peft_type": ADAPTER_PEFT_TYPE,
+        "library_name": LIBRARY_NAME,
         "task_type": "FEATURE_EXTRACTION",
         "base_model_name_or_path": config.base_model_name_or_path,
         "r": config.lora_rank,
@@ -560,6 +616,12 @@ def _base_config(base: str, where: str, hub_kwargs: dict) -> dict:
             f"cannot find the base model {base!r} named in {where}: {str(error).splitlines()[0]} "
             "(a local folder must exist; a Hub id needs a connection or the Hugging Face cache)"
         ) from None
+
+
+def _write_json(path, data) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2)
+        handle.write("\n")
 
 
 def _read_json(path) -> dict:

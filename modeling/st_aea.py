@@ -10,10 +10,10 @@ named in `modules.json` as `st_aea.AeaTransformer`, so it needs `trust_remote_co
 import json
 import threading
 
-from sentence_transformers.models import Transformer
 from transformers.utils import cached_file
 
 from .aea import AdaptiveExpertAllocation, sentence_embedding
+from .st_compat import Transformer
 
 AEA_CONFIG_NAME = "aea_config.json"
 

@@ -8,7 +8,10 @@ takes only its own arguments. This file is copied into saved model folders besid
 
 import inspect
 
-from sentence_transformers.models import Transformer
+try:  # sentence-transformers 6 (its old path `sentence_transformers.models` warns there)
+    from sentence_transformers.sentence_transformer.modules import Transformer
+except ImportError:  # sentence-transformers 5.x
+    from sentence_transformers.models import Transformer
 
 LEGACY = not hasattr(Transformer, "preprocess")  # sentence-transformers 5.x
 
@@ -26,4 +29,4 @@ def output_name(module: Transformer) -> str:
     return getattr(module, "module_output_name", "token_embeddings")
 
 
-__all__ = ["LEGACY", "init_kwargs", "output_name"]
+__all__ = ["LEGACY", "Transformer", "init_kwargs", "output_name"]

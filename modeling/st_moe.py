@@ -11,11 +11,11 @@ model folder and named in `modules.json` as `st_moe.MoeTransformer`, so it needs
 import json
 import threading
 
-from sentence_transformers.models import Transformer
 from transformers import AutoConfig
 from transformers.utils import cached_file
 
-from .st_compat import init_kwargs, output_name
+from .manifest import ADAPTER_PEFT_TYPE
+from .st_compat import Transformer, init_kwargs, output_name
 
 
 class MoeTransformer(Transformer):
@@ -43,7 +43,7 @@ class MoeTransformer(Transformer):
         )
         if found:
             with open(found, encoding="utf-8") as handle:
-                if json.load(handle).get("peft_type") == "COMOE":
+                if json.load(handle).get("peft_type") == ADAPTER_PEFT_TYPE:
                     return AutoConfig.from_pretrained(model_name_or_path, **config_kwargs), False
         return super()._load_config(model_name_or_path, *args)
 

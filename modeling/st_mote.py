@@ -8,9 +8,7 @@ prefixes from the token ids. Saved at the root of the model folder and named in 
 `st_mote.MoteTransformer`, so it needs `trust_remote_code=True`.
 """
 
-from sentence_transformers.models import Transformer
-
-from .st_compat import LEGACY, init_kwargs
+from .st_compat import LEGACY, Transformer, init_kwargs
 
 
 class MoteTransformer(Transformer):

@@ -186,3 +186,20 @@ def test_existing_output_needs_overwrite(olmoe_dir, calibration_file, tmp_path, 
         calibrate_main, olmoe_dir, "--output", str(output), "--calibration", calibration_file, capsys=capsys
     )
     assert code == 2 and "--overwrite" in printed and (output / "keep.txt").read_text() == "mine"
+
+
+def test_search_refuses_a_grid_the_homogeneity_rules_out_before_scoring_any(olmoe_dir, tmp_path, capsys):
+    """With shift -1 no layer has a positive share for α > 0 (homogeneity is a cosine, never below -1):
+    known once homogeneity is measured, so the run stops there, before the first (slow) dev scoring."""
+    data = tmp_path / "data"
+    (data / "sts" / "stsb").mkdir(parents=True)
+    rows = ["score\tsentence1\tsentence2"] + [f"{i}.0\t{CALIBRATION[i]}\t{CALIBRATION[3 - i]}" for i in range(4)]
+    (data / "sts" / "stsb" / "dev.tsv").write_text("\n".join(rows) + "\n")
+    output = tmp_path / "aea"
+    code, err = run_main(
+        calibrate_main, olmoe_dir, "--output", str(output), "--search", "--alphas", "0,1", "--shift", "-1",
+        "--data-dir", str(data), capsys=capsys,
+    )  # fmt: skip
+    assert code == 2 and "is not above any kept layer's homogeneity" in err.strip().splitlines()[-1]
+    assert "expert homogeneity" in err  # the progress bar of the long pass
+    assert "search: alpha" not in err and not output.exists()  # α = 0 was not scored first

@@ -174,6 +174,13 @@ def test_extract_adapter_bad_input(trained_folders, comoe_dir, mote_dir, tmp_pat
     assert code == 2 and "already exists; pass --overwrite" in err
 
 
+def test_extract_adapter_says_what_it_wrote(trained_folders, tmp_path, capsys):
+    full, _ = trained_folders
+    extract_main([str(full), "--output", str(tmp_path / "adapter")])
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed and printed[-1].startswith(f"wrote {tmp_path / 'adapter'} (adapters only")
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

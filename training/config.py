@@ -14,6 +14,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
+from modeling.configuration_comoe import CoMoeBertConfig
 from moe_embed_cli import UsageError
 from training.tasks import TASK_TYPES, task_type
 
@@ -32,7 +33,9 @@ def _help(text: str, default=MISSING, **kwargs):
 class DatasetSpec:
     """One JSONL training set: rows with `anchor`, `positive` and optionally `negative`."""
 
-    path: str = _help("JSONL file, absolute or relative to the working directory")
+    path: str = _help(
+        "JSONL file: absolute, relative to the working directory, or starting with {data}/ for the data folder"
+    )
     name: str | None = _help("name of the dataset's trainer entry (default: the file's stem)", None)
 
 
@@ -60,17 +63,24 @@ class LossConfig:
 class AdapterConfig:
     """Adapters trained on a frozen dense `model` (`adapter:`, used with `arch: comoe` or `arch: lora`)."""
 
-    rank: int = _help("LoRA rank r (of every expert for comoe)", 16)
-    lora_alpha: float = _help("LoRA alpha: adapters are scaled by alpha / r", 32.0)
-    lora_dropout: float = _help("dropout on the adapters' input", 0.05)
+    rank: int = _help("LoRA rank r (of every expert for comoe)", CoMoeBertConfig.lora_rank)
+    lora_alpha: float = _help("LoRA alpha: adapters are scaled by alpha / r", CoMoeBertConfig.lora_alpha)
+    lora_dropout: float = _help("dropout on the adapters' input", CoMoeBertConfig.lora_dropout)
     target_modules: str = _help(
-        "linears that get adapters, matched as peft's target_modules", "query,key,value,attention.output.dense"
+        "linears that get adapters, matched as peft's target_modules", CoMoeBertConfig.target_modules
     )
-    layers: str = _help("layers that get adapters: all, every_other or comma-separated indices", "all")
-    num_experts: int = _help("comoe: LoRA experts per linear", 4)
-    experts_per_token: int = _help("comoe: experts each token uses (top-k)", 2)
-    contrastive_loss_coef: float = _help("comoe: weight λ of the contrastive expert loss (0: MoE-LoRA)", 0.01)
-    router_aux_loss_coef: float = _help("comoe: weight of the load-balancing loss (off in the paper)", 0.0)
+    layers: str = _help(
+        "layers that get adapters: all, every_other or comma-separated indices", CoMoeBertConfig.adapter_layers
+    )
+    num_experts: int = _help("comoe: LoRA experts per linear", CoMoeBertConfig.num_local_experts)
+    experts_per_token: int = _help("comoe: experts each token uses (top-k)", CoMoeBertConfig.num_experts_per_tok)
+    contrastive_loss_coef: float = _help(
+        "comoe: weight λ of the contrastive expert loss (0: MoE-LoRA)", CoMoeBertConfig.contrastive_loss_coef
+    )
+    contrastive_tau: float = _help("comoe: temperature of the contrastive expert loss", CoMoeBertConfig.contrastive_tau)
+    router_aux_loss_coef: float = _help(
+        "comoe: weight of the load-balancing loss (off in the paper)", CoMoeBertConfig.router_aux_loss_coef
+    )
 
     def __post_init__(self):
         if self.rank < 1:
@@ -86,11 +96,20 @@ class TrainingConfig:
         f"task type ({', '.join(TASK_TYPES)}) -> list of datasets, each {{name, path}}"
     )
     trust_remote_code: bool = _help("allow the model folder's own code (MoTE, MoE)", False)
+    data_dir: str | None = _help(
+        "the folder {data} stands for in dataset paths (default: $MOE_EMBED_DATA, else ../shared/data beside "
+        "the repository)",
+        None,
+    )
     model_kwargs: dict | None = _help(
         "keyword arguments for the transformers model (SentenceTransformer model_kwargs)", None
     )
     config_kwargs: dict | None = _help("config overrides, e.g. {hidden_dropout_prob: 0.1}", None)
     output_dir: str = _help("where the trained model (and checkpoints) are saved", "models/tacl")
+    overwrite_output_dir: bool = _help(
+        "replace an existing output_dir (else the run is refused before training; never the model folder itself)",
+        False,
+    )
     seed: int = _help("seed of the trainer, the sampler and the dataset shuffles", 0)
     batch_size: int = _help("rows per batch and device", 32)
     max_steps: int = _help("optimizer steps; -1 trains for `epochs` instead", -1)
@@ -243,7 +262,8 @@ def describe_options(cls=TrainingConfig, indent: str = "  ") -> str:
     lines = []
     for f in fields(cls):
         if f.default is not MISSING:
-            default = f" (default: {f.default})"
+            stated = f.default is None or "default" in f.metadata["help"]
+            default = "" if stated else f" (default: {f.default})"
         elif f.default_factory is not MISSING:
             default = ""
         else:

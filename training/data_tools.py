@@ -25,6 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from convert.folders import load_sentence_transformer
 from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 
@@ -148,9 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = read_pairs(Path(args.input))
     output = Path(args.output)
     refuse_existing(output, args.overwrite)  # before loading the model
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(args.model, trust_remote_code=args.trust_remote_code)
+    model = load_sentence_transformer(args.model, trust_remote_code=args.trust_remote_code)
     if args.command == "mine":
         result = mine(rows, model, args.margin, args.num_negatives, args.range_max, args.batch_size)
     else:

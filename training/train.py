@@ -43,6 +43,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from convert.checkpoint import write_portable_module_files
+from convert.folders import check_output, load_sentence_transformer
 from moe_embed_cli import HelpFormatter, UsageError, run_cli
 from training.config import AdapterConfig, DatasetSpec, LossConfig, TrainingConfig, describe_options, load_config
 from training.tasks import column_prompts, task_type
@@ -53,13 +54,23 @@ REQUIRED_COLUMNS = ("anchor", "positive")
 OPTIONAL_COLUMNS = ("negative",)
 
 
-def read_pair_dataset(spec: DatasetSpec, base: Path):
+def dataset_path(spec: DatasetSpec, base: Path, data_dir: str | None = None) -> Path:
+    """Where a dataset is: `{data}/...` in the data folder (`data_dir`, else `$MOE_EMBED_DATA`, else
+    ../shared/data beside the repository), a relative path under `base`, or the absolute path."""
+    if spec.path.startswith("{data}/"):
+        from evaluation.data import data_dir as find_data_dir
+
+        return find_data_dir(data_dir) / spec.path.removeprefix("{data}/")
+    return Path(spec.path) if Path(spec.path).is_absolute() else (base / spec.path).resolve()
+
+
+def read_pair_dataset(spec: DatasetSpec, base: Path, data_dir: str | None = None):
     """One JSONL dataset as a `datasets.Dataset` with anchor/positive[/negative] columns."""
     from datasets import Dataset
 
     from training.data_tools import read_pairs
 
-    path = Path(spec.path) if Path(spec.path).is_absolute() else (base / spec.path).resolve()
+    path = dataset_path(spec, base, data_dir)
     rows = read_pairs(path)
     columns = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in rows[0]]
     if any(any(c not in row for c in columns) for row in rows):
@@ -109,7 +120,7 @@ def build_entries(config: TrainingConfig, base: Path, model) -> tuple[dict, dict
     datasets, temperatures, prompts = {}, {}, {}
     for task, specs in config.tasks.items():
         kind = task_type(task)
-        loaded = [(spec.name or Path(spec.path).stem, read_pair_dataset(spec, base)) for spec in specs]
+        loaded = [(spec.name or Path(spec.path).stem, read_pair_dataset(spec, base, config.data_dir)) for spec in specs]
         if kind.batching == "homogeneous":
             groups = {f"{task}/{name}": data for name, data in loaded}
         else:
@@ -135,20 +146,19 @@ def build_entries(config: TrainingConfig, base: Path, model) -> tuple[dict, dict
     return datasets, losses, prompts
 
 
+def model_source(config: TrainingConfig, base: Path) -> str:
+    """`config.model` as a folder relative to `base` (the working directory) when there is one, else as given."""
+    return str(base / config.model) if (base / config.model).is_dir() else config.model
+
+
 def upcycle_comoe(config: TrainingConfig, base: Path, folder: Path) -> str:
     """The dense `config.model` upcycled to CoMoE-PEFT with `config.adapter`'s options, in `folder`."""
-    from convert.upcycle import main as upcycle_main
+    from dataclasses import asdict
 
-    source = base / config.model if (base / config.model).is_dir() else Path(config.model)
-    adapter = config.adapter
-    upcycle_main(
-        ["--arch", "comoe", "--base", str(source) if source.is_dir() else config.model, "--output", str(folder)]
-        + ["--num-experts", str(adapter.num_experts), "--experts-per-token", str(adapter.experts_per_token)]
-        + ["--rank", str(adapter.rank), "--lora-alpha", str(adapter.lora_alpha)]
-        + ["--lora-dropout", str(adapter.lora_dropout), "--target-modules", adapter.target_modules]
-        + ["--layers", adapter.layers, "--contrastive-loss-coef", str(adapter.contrastive_loss_coef)]
-        + ["--router-aux-loss-coef", str(adapter.router_aux_loss_coef), "--seed", str(config.seed)]
-    )
+    from convert.upcycle import upcycle_folder
+
+    # AdapterConfig's fields are upcycle.py's CoMoE options by name
+    upcycle_folder(folder, arch="comoe", base=model_source(config, base), seed=config.seed, **asdict(config.adapter))
     return str(folder)
 
 
@@ -200,15 +210,21 @@ def train(config: TrainingConfig, base: Path, trainer_cls=None):
 def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     import torch
     from datasets import DatasetDict
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainingArguments
+    from sentence_transformers import SentenceTransformerTrainingArguments
 
     from training.sampler import TaskAwareBatchSampler, data_parallel_world_size
     from training.trainer import TaskAwareTrainer
 
-    source = upcycle_comoe(config, base, scratch / "comoe") if config.arch == "comoe" else config.model
-    model = SentenceTransformer(
+    output_dir = (base / config.output_dir).resolve()
+    source = model_source(config, base)
+    inputs = (source,) if Path(source).is_dir() else ()
+    check_output(output_dir, inputs, config.overwrite_output_dir, "overwrite_output_dir: true (or --overwrite)")
+    if config.arch == "comoe":
+        source = upcycle_comoe(config, base, scratch / "comoe")
+    model = load_sentence_transformer(
         source,
         trust_remote_code=config.trust_remote_code or config.arch == "comoe",
+        remote_code_option="trust_remote_code: true in the config",
         model_kwargs=config.model_kwargs,
         config_kwargs=config.config_kwargs,
     )
@@ -221,7 +237,7 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     if config.max_seq_length:
         model.max_seq_length = config.max_seq_length
     datasets, losses, prompts = build_entries(config, base, model)
-    output_dir = str((base / config.output_dir).resolve())
+    output_dir = str(output_dir)
     cpu_data_parallel = data_parallel_world_size() > 1 and not torch.cuda.is_available()
     args = SentenceTransformerTrainingArguments(
         output_dir=output_dir,
@@ -258,7 +274,7 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
         else:
             model.save(output_dir)
             write_portable_module_files(Path(output_dir))  # loadable by sentence-transformers 5.x too
-        logger.info("saved the trained model to %s", output_dir)
+        print(f"saved the trained model to {output_dir}")
     return model
 
 
@@ -273,8 +289,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None):
     parser = build_parser()
     parser.add_argument("--config", required=True, help="YAML training config")
+    parser.add_argument("--overwrite", action="store_true", help="replace output_dir if it exists")
     args = parser.parse_args(argv)
-    return train(load_config(Path(args.config)), Path.cwd())
+    config = load_config(Path(args.config))
+    config.overwrite_output_dir = config.overwrite_output_dir or args.overwrite
+    return train(config, Path.cwd())
 
 
 if __name__ == "__main__":
