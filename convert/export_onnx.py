@@ -207,8 +207,10 @@ def export(args) -> Path:
     example = example_inputs(graph, tokenizer, texts, ids)
     with atomic_output_dir(output, args.overwrite) as tmp:
         start = time.perf_counter()
+        logger.info("tracing and exporting %s (one pass, 20-60 s on 2 CPU cores)", folder)
         export_graph(graph, example, tmp / "model.onnx", args.opset)
         logger.info("exported in %.1f s", time.perf_counter() - start)
+        logger.info("checking the graph against PyTorch with onnxruntime")
         worst = check_graph(tmp / "model.onnx", graph, check_batches(graph, tokenizer))
         logger.info("max |onnxruntime - torch| on batches unlike the example: %.2e", worst)
         if not worst <= args.tolerance:
