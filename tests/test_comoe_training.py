@@ -96,7 +96,7 @@ def test_lora_baseline_is_saved_merged_as_a_plain_model(tmp_path, dense_path):
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"arch": "moe"}, "unknown arch 'moe'; expected one of comoe, lora"),
+        ({"arch": "mixtral"}, "unknown arch 'mixtral'; expected one of mote, moe, comoe, lora"),
         ({"arch": "lora", "save_adapter_only": True}, "save_adapter_only applies to CoMoE"),
         ({"adapter": {"rank": 0}}, "adapter.rank must be a positive integer"),
         ({"adapter": {"experts": 3}}, "unknown key 'experts' in adapter; did you mean 'num_experts'?"),

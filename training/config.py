@@ -19,7 +19,9 @@ from moe_embed_cli import UsageError
 from training.tasks import TASK_TYPES, task_type
 
 CURRICULA = ("task_aware", "static")
-ARCHES = ("comoe", "lora")
+ARCHES = ("mote", "moe", "comoe", "lora")
+TRAINABLE = ("all", "experts")
+REGULARIZERS = ("none", "distill", "l2")
 
 
 def _help(text: str, default=MISSING, **kwargs):
@@ -88,6 +90,43 @@ class AdapterConfig:
 
 
 @dataclass
+class RegularizerConfig:
+    """A term that keeps the model close to where it started (`regularizer:`)."""
+
+    kind: str = _help(
+        "none; distill: 1 - cosine to the frozen starting model's embeddings of the batch's own texts; "
+        "l2: squared distance of the trained weights to their starting values",
+        "none",
+    )
+    weight: float = _help("weight of the term in the loss", 1.0)
+
+    def __post_init__(self):
+        if self.kind not in REGULARIZERS:
+            raise UsageError(f"unknown regularizer.kind {self.kind!r}; expected one of {', '.join(REGULARIZERS)}")
+        if self.weight < 0:
+            raise UsageError(f"regularizer.weight must be >= 0, got {self.weight}")
+
+
+@dataclass
+class DevConfig:
+    """Checkpoint selection on development sets that are not test splits (`dev:`)."""
+
+    tasks: list[str] = _help(
+        "dev sets, scored as the suite scores them: stsb-dev, sickr-trial, mrpc-val, scifact-train"
+    )
+    eval_steps: int = _help("score them before training and every N steps; the best step's weights are saved", 50)
+
+    def __post_init__(self):
+        from training.dev import DEV_TASKS
+
+        unknown = [name for name in self.tasks if name not in DEV_TASKS]
+        if unknown or not self.tasks:
+            raise UsageError(f"unknown dev.tasks {unknown or self.tasks}; expected names from {', '.join(DEV_TASKS)}")
+        if self.eval_steps < 1:
+            raise UsageError(f"dev.eval_steps must be at least 1, got {self.eval_steps}")
+
+
+@dataclass
 class TrainingConfig:
     """A TA-CL training run (`python -m training.train --config FILE.yaml`)."""
 
@@ -114,8 +153,13 @@ class TrainingConfig:
     batch_size: int = _help("rows per batch and device", 32)
     max_steps: int = _help("optimizer steps; -1 trains for `epochs` instead", -1)
     epochs: float = _help("passes over the data when max_steps is -1", 1.0)
-    learning_rate: float = _help("peak learning rate (linear schedule)", 2e-5)
+    learning_rate: float = _help("peak learning rate", 2e-5)
+    expert_learning_rate: float | None = _help(
+        "peak learning rate of the expert parameters (default: learning_rate); see `trainable`", None
+    )
+    lr_scheduler_type: str = _help("learning-rate schedule after warm-up: linear, cosine, constant, ...", "linear")
     warmup_steps: int = _help("linear warm-up steps", 0)
+    warmup_ratio: float = _help("linear warm-up as a share of the steps (instead of warmup_steps)", 0.0)
     save_steps: int = _help("save a checkpoint in output_dir/checkpoint-N every N steps; 0 saves none", 0)
     logging_steps: int = _help("log the loss every N steps", 10)
     ddp_backend: str | None = _help("data-parallel backend (default: gloo when launched on CPU)", None)
@@ -132,9 +176,24 @@ class TrainingConfig:
         "loss options: cached_mini_batch_size, matryoshka_dims, gather_across_devices", default_factory=LossConfig
     )
     arch: str | None = _help(
-        "train adapters on the dense `model` instead of the model itself: comoe (upcycled to CoMoE-PEFT first) "
-        "or lora (peft LoRA, saved merged as a plain model)",
+        "upcycle the dense `model` first and train the result: mote or moe (convert/upcycle.py with the "
+        "`upcycle` options), comoe (CoMoE-PEFT with the `adapter` options) or lora (peft LoRA, saved merged)",
         None,
+    )
+    upcycle: dict | None = _help(
+        "arch mote / moe: options of convert/upcycle.py by their Python names, e.g. {expert_layers: all}", None
+    )
+    trainable: str = _help(
+        "all, or experts: only the expert parameters train (MoTE's task experts, the MoE's experts and "
+        "routers, adapters; on a dense model the blocks MoTE turns into experts); the rest stays bit-identical",
+        "all",
+    )
+    regularizer: RegularizerConfig = _help(
+        "keep the model close to where it started: kind (none, distill, l2) and weight",
+        default_factory=RegularizerConfig,
+    )
+    dev: DevConfig | None = _help(
+        "choose the checkpoint on dev sets: tasks and eval_steps (the data folder as for {data})", None
     )
     adapter: AdapterConfig = _help("adapter options for arch comoe / lora", default_factory=AdapterConfig)
     save_adapter_only: bool = _help(
@@ -157,6 +216,24 @@ class TrainingConfig:
             raise UsageError(f"unknown curriculum {self.curriculum!r}; expected one of {', '.join(CURRICULA)}")
         if self.arch is not None and self.arch not in ARCHES:
             raise UsageError(f"unknown arch {self.arch!r}; expected one of {', '.join(ARCHES)} (or leave it out)")
+        if self.upcycle and self.arch not in ("mote", "moe"):
+            raise UsageError("`upcycle` options apply to arch mote / moe (CoMoE and LoRA take `adapter`)")
+        if self.trainable not in TRAINABLE:
+            raise UsageError(f"unknown trainable {self.trainable!r}; expected one of {', '.join(TRAINABLE)}")
+        from transformers.trainer_utils import SchedulerType
+
+        schedules = [s.value for s in SchedulerType]
+        if self.lr_scheduler_type not in schedules:
+            raise UsageError(
+                f"unknown lr_scheduler_type {self.lr_scheduler_type!r}; expected one of {', '.join(schedules)}"
+            )
+        if not 0 <= self.warmup_ratio < 1:
+            raise UsageError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio}")
+        if self.warmup_ratio and self.warmup_steps:
+            raise UsageError("give warmup_steps or warmup_ratio, not both")
+        for name in ("learning_rate", "expert_learning_rate"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise UsageError(f"{name} must be positive, got {getattr(self, name)}")
         if self.save_adapter_only and self.arch == "lora":
             raise UsageError("save_adapter_only applies to CoMoE; a LoRA run is saved merged into a plain model")
         if self.temperature <= 0:
@@ -279,7 +356,10 @@ __all__ = [
     "TrainingConfig",
     "LossConfig",
     "AdapterConfig",
+    "RegularizerConfig",
+    "DevConfig",
     "ARCHES",
+    "TRAINABLE",
     "DatasetSpec",
     "CURRICULA",
     "load_config",

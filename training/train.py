@@ -46,6 +46,7 @@ from convert.checkpoint import write_portable_module_files
 from convert.folders import check_output, load_sentence_transformer
 from moe_embed_cli import HelpFormatter, UsageError, run_cli
 from training.config import AdapterConfig, DatasetSpec, LossConfig, TrainingConfig, describe_options, load_config
+from training.regularizers import regularizer
 from training.tasks import column_prompts, task_type
 
 logger = logging.getLogger("training")
@@ -151,15 +152,20 @@ def model_source(config: TrainingConfig, base: Path) -> str:
     return str(base / config.model) if (base / config.model).is_dir() else config.model
 
 
-def upcycle_comoe(config: TrainingConfig, base: Path, folder: Path) -> str:
-    """The dense `config.model` upcycled to CoMoE-PEFT with `config.adapter`'s options, in `folder`."""
+def upcycled_source(config: TrainingConfig, base: Path, scratch: Path) -> str:
+    """The dense `config.model` upcycled to `config.arch` in a scratch folder: MoTE or the token MoE with
+    the `upcycle` options, CoMoE with the `adapter` options (AdapterConfig's fields are upcycle.py's
+    CoMoE options by name)."""
     from dataclasses import asdict
 
     from convert.upcycle import upcycle_folder
 
-    # AdapterConfig's fields are upcycle.py's CoMoE options by name
-    upcycle_folder(folder, arch="comoe", base=model_source(config, base), seed=config.seed, **asdict(config.adapter))
-    return str(folder)
+    options = asdict(config.adapter) if config.arch == "comoe" else dict(config.upcycle or {})
+    options.setdefault("seed", config.seed)
+    try:
+        return str(upcycle_folder(scratch / config.arch, config.arch, model_source(config, base), **options))
+    except TypeError as error:  # an option upcycle.py does not have
+        raise UsageError(f"upcycle: {error}") from None
 
 
 def lora_config(adapter: AdapterConfig, num_layers: int):
@@ -195,6 +201,37 @@ def add_lora(model, adapter: AdapterConfig, seed: int) -> None:
     model[0].model = get_peft_model(transformer, lora)  # `auto_model` is a read-only alias of `model`
 
 
+def select_trainable(config: TrainingConfig, model) -> set[str]:
+    """The expert parameter names of the model (see `training/parameters.py`); with `trainable: experts`
+    every other parameter is frozen. Empty when the model has no known experts and none are asked for."""
+    from training.parameters import expert_parameter_names, train_only
+
+    transformer = model[0].auto_model
+    expert_layers = (config.upcycle or {}).get("expert_layers", "every_other")
+    try:
+        names = expert_parameter_names(transformer, expert_layers)
+    except ValueError as error:
+        if config.trainable == "experts" or config.expert_learning_rate is not None:
+            raise UsageError(f"trainable: experts / expert_learning_rate: {error}") from None
+        return set()
+    if config.trainable == "experts":
+        count = train_only(transformer, names)
+        logger.info("training only the experts: %d parameters (%d tensors)", count, len(names))
+    return names
+
+
+def param_group_learning_rates(model, expert_names: set[str], config: TrainingConfig) -> list[tuple[list, float]]:
+    """`[(shared parameters, learning_rate), (expert parameters, expert_learning_rate)]`, the trainable ones."""
+    transformer = model[0].auto_model
+    experts = {id(p) for name, p in transformer.named_parameters() if name in expert_names}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        ([p for p in trainable if id(p) not in experts], config.learning_rate),
+        ([p for p in trainable if id(p) in experts], config.expert_learning_rate),
+    ]
+    return [(params, rate) for params, rate in groups if params]
+
+
 def train(config: TrainingConfig, base: Path, trainer_cls=None):
     """Run TA-CL for `config`; returns the trained SentenceTransformer (also saved to output_dir).
 
@@ -219,11 +256,12 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     source = model_source(config, base)
     inputs = (source,) if Path(source).is_dir() else ()
     check_output(output_dir, inputs, config.overwrite_output_dir, "overwrite_output_dir: true (or --overwrite)")
-    if config.arch == "comoe":
-        source = upcycle_comoe(config, base, scratch / "comoe")
+    upcycled = config.arch in ("mote", "moe", "comoe")
+    if upcycled:
+        source = upcycled_source(config, base, scratch)
     model = load_sentence_transformer(
         source,
-        trust_remote_code=config.trust_remote_code or config.arch == "comoe",
+        trust_remote_code=config.trust_remote_code or upcycled,
         remote_code_option="trust_remote_code: true in the config",
         model_kwargs=config.model_kwargs,
         config_kwargs=config.config_kwargs,
@@ -236,7 +274,10 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     saved_max_seq_length = model.max_seq_length
     if config.max_seq_length:
         model.max_seq_length = config.max_seq_length
+    expert_names = select_trainable(config, model)
     datasets, losses, prompts = build_entries(config, base, model)
+    anchored = regularizer(config.regularizer.kind, config.regularizer.weight, model)  # after freezing
+    losses = {entry: anchored(loss) for entry, loss in losses.items()}
     output_dir = str(output_dir)
     cpu_data_parallel = data_parallel_world_size() > 1 and not torch.cuda.is_available()
     args = SentenceTransformerTrainingArguments(
@@ -245,7 +286,8 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
         max_steps=config.max_steps,
         num_train_epochs=config.epochs,
         learning_rate=config.learning_rate,
-        warmup_steps=config.warmup_steps,
+        lr_scheduler_type=config.lr_scheduler_type,
+        warmup_steps=config.warmup_ratio or config.warmup_steps,  # transformers 5: a float < 1 is a ratio
         seed=config.seed,
         save_strategy="steps" if config.save_steps else "no",
         save_steps=config.save_steps or 500,
@@ -260,7 +302,21 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
         ddp_backend=config.ddp_backend or ("gloo" if cpu_data_parallel else None),
     )
     trainer_cls = trainer_cls or TaskAwareTrainer
-    trainer = trainer_cls(model=model, args=args, train_dataset=DatasetDict(datasets), loss=losses)
+    dev = None
+    if config.dev:
+        from evaluation.data import data_dir
+        from training.dev import BestOnDev
+
+        dev = BestOnDev(model, config.dev.tasks, data_dir(config.data_dir), config.dev.eval_steps)
+    trainer = trainer_cls(
+        model=model,
+        args=args,
+        train_dataset=DatasetDict(datasets),
+        loss=losses,
+        callbacks=[dev] if dev else None,
+    )
+    if config.expert_learning_rate is not None:
+        trainer.learning_rates = param_group_learning_rates(model, expert_names, config)
     trainer.train()
     model.max_seq_length = saved_max_seq_length  # the training truncation does not change the saved model
     if config.arch == "lora":  # the adapters folded into the weights: a plain model
@@ -274,6 +330,10 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
         else:
             model.save(output_dir)
             write_portable_module_files(Path(output_dir))  # loadable by sentence-transformers 5.x too
+        if dev:
+            from training.dev import write_history
+
+            write_history(dev, Path(output_dir))
         print(f"saved the trained model to {output_dir}")
     return model
 

@@ -48,6 +48,25 @@ class TaskAwareTrainer(SentenceTransformerTrainer):
     which parameters they train.
     """
 
+    learning_rates: list[tuple[list, float]] | None = None  # [(parameters, peak learning rate), ...]
+
+    def create_optimizer(self, model=None):
+        """The trainer's optimizer, its parameter groups (weight decay or not) split further by peak learning
+        rate when `learning_rates` is set (shared and expert parameters); the schedule then scales every
+        group by the same factor."""
+        created = self.optimizer is None
+        optimizer = super().create_optimizer(model)
+        if created and self.learning_rates:
+            rate_of = {id(p): rate for params, rate in self.learning_rates for p in params}
+            groups = []
+            for group in optimizer.param_groups:
+                by_rate: dict[float, list] = {}
+                for p in group["params"]:
+                    by_rate.setdefault(rate_of.get(id(p), group["lr"]), []).append(p)
+                groups += [{**group, "params": params, "lr": rate} for rate, params in by_rate.items()]
+            optimizer.param_groups[:] = groups  # no state yet: regrouping the parameters is all it takes
+        return self.optimizer
+
     def training_step(self, model, inputs, num_items_in_batch=None):
         if not isinstance(model, DistributedDataParallel):
             return super().training_step(model, inputs, num_items_in_batch)

@@ -1,0 +1,99 @@
+"""Checkpoint selection on development data that is not a test split.
+
+`BestOnDev` scores the model on the `dev:` sets before training (step 0: the model it started from is a
+candidate too) and every `eval_steps` steps, keeps the weights that train of the best-scoring step in
+memory, puts them back when training ends and writes the history to `dev_scores.json` in the output
+folder. The scores are the suite's own metrics (`evaluation.run.evaluate`) on splits the suite does not
+report: a run selected this way has seen no test data.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+from evaluation import data as D
+from evaluation.run import Task, evaluate
+
+logger = logging.getLogger(__name__)
+
+DEV_TASKS = {
+    task.name: task
+    for task in [
+        Task("stsb-dev", "sts", "cosine_spearman", lambda r: D.sts_pairs(r / "sts/stsb", ["dev.tsv"])),
+        Task("sickr-trial", "sts", "cosine_spearman", lambda r: D.sts_pairs(r / "sts/sick-r", ["trial.tsv"])),
+        Task(
+            "mrpc-val",
+            "pair_classification",
+            "max_ap",
+            lambda r: D.labelled_pairs(r / "pair_classification/mrpc", "val.tsv", "sentence1", "sentence2"),
+        ),
+        Task("scifact-train", "retrieval", "ndcg_at_10", lambda r: D.beir(r / "retrieval/scifact", split="train")),
+    ]
+}
+
+
+class BestOnDev(TrainerCallback):
+    """Score the model on dev sets at step 0 and every `eval_steps` steps; end training with the best weights.
+
+    Only parameters that train are kept (frozen ones cannot differ between steps), so an experts-only run
+    holds a copy of its experts, not of the whole model.
+    """
+
+    def __init__(self, model, tasks: list[str], data_dir: Path, eval_steps: int):
+        unknown = [name for name in tasks if name not in DEV_TASKS]
+        if unknown or not tasks:
+            raise ValueError(f"unknown dev sets {unknown or tasks}; expected names from {', '.join(DEV_TASKS)}")
+        self.model, self.tasks, self.data_dir = model, [DEV_TASKS[name] for name in tasks], data_dir
+        self.eval_steps = eval_steps
+        self.history: list[dict] = []
+        self.best: tuple[float, int, dict] | None = None
+
+    def score(self) -> dict[str, float]:
+        """Each dev set's score and their mean (`dev`), with the model in eval mode."""
+        training = self.model.training
+        self.model.eval()
+        try:
+            scores = {task.name: evaluate(self.model, task, self.data_dir) for task in self.tasks}
+        finally:
+            self.model.train(training)
+        return {**scores, "dev": statistics.mean(scores.values())}
+
+    def record(self, step: int) -> None:
+        scores = self.score()
+        self.history.append({"step": step, **{k: round(v, 4) for k, v in scores.items()}})
+        logger.info("dev at step %d: %s", step, ", ".join(f"{k} {v:.2f}" for k, v in scores.items()))
+        if self.best is None or scores["dev"] > self.best[0]:  # a tie keeps the earlier step
+            kept = {n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters() if p.requires_grad}
+            self.best = (scores["dev"], step, kept)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.record(0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.eval_steps == 0 and state.global_step < state.max_steps:
+            self.record(state.global_step)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not self.history or self.history[-1]["step"] != state.global_step:
+            self.record(state.global_step)
+        score, step, kept = self.best
+        parameters = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, value in kept.items():
+                parameters[name].copy_(value)
+        logger.info("selected step %d (dev %.2f) of %d", step, score, state.global_step)
+        self.selected = {"selected_step": step, "dev": round(score, 4), "history": self.history}
+
+
+def write_history(callback: BestOnDev, folder: Path) -> None:
+    """`dev_scores.json`: every scored step and the one selected."""
+    (Path(folder) / "dev_scores.json").write_text(json.dumps(callback.selected, indent=2) + "\n")
+
+
+__all__ = ["DEV_TASKS", "BestOnDev", "write_history"]
