@@ -288,13 +288,14 @@ def write_sentence_transformers_files(
     prompts: dict[str, str],
     default_prompt_name: str | None = None,
     drop_module_keys: tuple[str, ...] = (),
+    module_settings: dict | None = None,
 ) -> None:
     """Write `modules.json`, the module configs and `config_sentence_transformers.json`.
 
     The input module is `st_module` ("file.Class" with its file at the folder root, or
     sentence-transformers' own `Transformer`); its `sentence_bert_config.json` is the source's
-    without `drop_module_keys`. Pooling and normalisation are copied from `source` when it is a
-    Sentence-Transformers model, else mean pooling without normalisation.
+    without `drop_module_keys`, with `module_settings` added. Pooling and normalisation are copied
+    from `source` when it is a Sentence-Transformers model, else mean pooling without normalisation.
     """
     modules = [{"idx": 0, "name": "0", "path": "", "type": st_module}]
     source_modules = read_json(source / "modules.json") if (source / "modules.json").exists() else None
@@ -317,6 +318,7 @@ def write_sentence_transformers_files(
         read_json(source / "sentence_bert_config.json") if (source / "sentence_bert_config.json").exists() else {}
     )
     st_config = {key: value for key, value in st_config.items() if key not in drop_module_keys}
+    st_config.update(module_settings or {})
     write_json(target / "sentence_bert_config.json", st_config)
     write_st_model_config(target, prompts, default_prompt_name)
 

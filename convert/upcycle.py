@@ -67,6 +67,7 @@ class Upcycled:
     prompts: dict[str, str]
     exact: bool = True  # whether the untrained model must reproduce the dense model
     default_prompt_name: str | None = None  # the prompt `SentenceTransformer.encode` uses when given none
+    module_settings: dict | None = None  # extra settings of the Sentence-Transformers input module
 
 
 def parse_task_prefixes(specs: list[str]) -> dict[str, str]:
@@ -209,6 +210,7 @@ def build_mote(args, dense_config: dict, dense_state: dict, tokenizer) -> Upcycl
         model=model,
         prompts=with_passage(tasks),
         default_prompt_name=config.default_task,
+        module_settings={"prepend_task_prefix": False} if args.prefix_routes_only else None,
     )
 
 
@@ -319,6 +321,7 @@ ARCH_OPTIONS = {
     "expert_layers": ("mote",),
     "default_task": ("mote",),
     "strict_routing": ("mote",),
+    "prefix_routes_only": ("mote",),
     "num_experts": ("moe", "comoe"),
     "experts_per_token": ("moe", "comoe"),
     "router_aux_loss_coef": ("moe", "comoe"),
@@ -411,7 +414,12 @@ def upcycle(args) -> Path:
         copy_modeling_files(tmp, FOLDER_FILES[model_type])
         copy_tokenizer_files(source, tmp)
         write_sentence_transformers_files(
-            source, tmp, ST_MODULES[model_type], upcycled.prompts, default_prompt_name=upcycled.default_prompt_name
+            source,
+            tmp,
+            ST_MODULES[model_type],
+            upcycled.prompts,
+            default_prompt_name=upcycled.default_prompt_name,
+            module_settings=upcycled.module_settings,
         )
         render_card(
             tmp,
@@ -480,6 +488,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"task (expert and Sentence-Transformers default prompt) for inputs that name none and carry no "
         f"prefix, so that a plain encode(texts) works (default: {DEFAULT_TASK} where it is a task, the MoTE "
         "paper's choice for STS)",
+    )
+    mote.add_argument(
+        "--prefix-routes-only",
+        action="store_true",
+        help="Sentence-Transformers: a task prefix (prompt, or at the start of a text) only picks the expert and "
+        "is removed before the encoder, so the untrained model embeds plain text as the dense model does; "
+        "without it the prefix is also fed, the paper's choice",
     )
     mote.add_argument(
         "--strict-routing",

@@ -8,6 +8,8 @@ prefixes from the token ids. Saved at the root of the model folder and named in 
 `st_mote.MoteTransformer`, so it needs `trust_remote_code=True`.
 """
 
+import torch
+
 from .st_compat import LEGACY, Transformer, init_kwargs
 
 
@@ -16,9 +18,14 @@ class MoteTransformer(Transformer):
 
     When a task is given without a prompt, or with a prompt that is a task's prefix (such as the folder's
     default prompt), the named task's instruction prefix is put in front of each text (MoTE experts are
-    trained on prefixed inputs); set `prepend_task_prefix=False` in `sentence_bert_config.json` to route
-    without it. With no task named, the default prompt (the default task's prefix) goes only in front of texts
-    that do not already start with a task prefix, so pre-prefixed texts keep their own expert.
+    trained on prefixed inputs, the paper's choice). With no task named, the default prompt (the default task's
+    prefix) goes only in front of texts that do not already start with a task prefix, so pre-prefixed texts
+    keep their own expert.
+
+    With `prepend_task_prefix=False` (in `sentence_bert_config.json`) a task prefix only picks the expert and
+    the encoder never sees it: the task comes from `task`, else from a prompt that is a task's prefix, else
+    from a prefix the text starts with (which is removed), else the default task; other prompts stay text.
+    An upcycled, untrained model then computes the dense model's embedding of the plain text for every task.
     """
 
     forward_kwargs = {"task"}
@@ -58,10 +65,38 @@ class MoteTransformer(Transformer):
         default = config.task_prefixes.get(config.default_task) if config.default_task else None
         return None if prompt is not None and prompt == default and text.startswith(prefixes) else prompt
 
+    def split_prefix(self, text: str) -> tuple[str | None, str]:
+        """`(task, rest)` for a text that starts with a task prefix (the longest that matches), else `(None, text)`."""
+        for name, prefix in sorted(self.auto_model.config.task_prefixes.items(), key=lambda item: -len(item[1])):
+            if text.startswith(prefix):
+                return name, text[len(prefix) :]
+        return None, text
+
+    def route_without_prefix(self, texts: list, prompt: str | None, task: str | None) -> tuple[list, str | None, list]:
+        """`(texts, prompt, task ids)` with every task prefix taken off and turned into the row's expert
+        (`prepend_task_prefix=False`); -1 leaves the row to the default task."""
+        config = self.auto_model.config
+        prompt_task, rest = self.split_prefix(prompt) if prompt else (None, prompt)
+        if prompt_task is not None and rest:  # a prompt that merely starts like a prefix is text
+            prompt_task = None
+        is_default = prompt_task is not None and prompt_task == config.default_task
+        stripped, ids = [], []
+        for text in texts:
+            row_task, body = self.split_prefix(text) if isinstance(text, str) else (None, text)
+            chosen = task or (row_task if is_default and row_task else prompt_task) or row_task
+            stripped.append(body)
+            ids.append(config.task_index(chosen) if chosen else -1)
+        return stripped, (None if prompt_task is not None else prompt), ids
+
     def preprocess(self, inputs, prompt: str | None = None, task: str | None = None, **kwargs) -> dict:
         """Tokenize like `Transformer.preprocess`, the prompt chosen by `route_prompt`. The task itself reaches
         the model through the `task` forward argument (`encode`) or the `task` feature the trainer's collator
-        sets."""
+        sets; with `prepend_task_prefix=False` through a `task_ids` feature instead of prefix tokens."""
+        if not self.prepend_task_prefix:
+            inputs, prompt, ids = self.route_without_prefix(list(inputs), prompt, task)
+            features = super().preprocess(inputs, prompt=prompt, task=task, **kwargs)
+            features["task_ids"] = torch.tensor(ids, dtype=torch.long)
+            return features
         if task is not None:  # one prompt for the whole call
             prompt = self.route_prompt(prompt, "", task)
         elif prompt is not None:
@@ -76,6 +111,11 @@ class MoteTransformer(Transformer):
         def tokenize(self, texts, padding: str | bool = True, task: str | None = None, **kwargs):
             """`route_prompt` on texts that already start with their prompt: a leading task prefix is taken
             for the prompt."""
+            if not self.prepend_task_prefix:
+                texts, _, ids = self.route_without_prefix(list(texts), None, task)
+                features = super().tokenize(texts, padding=padding)
+                features["task_ids"] = torch.tensor(ids, dtype=torch.long)
+                return features
             prefixes = sorted(self.auto_model.config.task_prefixes.values(), key=len, reverse=True)
             routed = []
             for text in texts:

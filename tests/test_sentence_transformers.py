@@ -92,14 +92,39 @@ def test_each_entry_point_routes_to_its_expert(st_mote_specialised):
 
 
 def test_task_without_prefix_option(mote_dir):
+    """`prepend_task_prefix=False`: `task=`, a prompt that is a task prefix and a prefix at the start of a text
+    all pick the same expert, and the encoder sees the plain text in every case."""
+    from conftest import randomize_experts
+
     model = SentenceTransformer(mote_dir, trust_remote_code=True)
+    randomize_experts(model[0].auto_model)
     model[0].prepend_task_prefix = False
     with_task = model.encode(TEXTS, task="query", convert_to_tensor=True)
-    reference = SentenceTransformer(mote_dir, trust_remote_code=True).encode(
-        TEXTS, task="query", prompt="", convert_to_tensor=True
-    )
-    assert not torch.allclose(with_task, model.encode(TEXTS, prompt_name="query", convert_to_tensor=True))
+    fed = SentenceTransformer(mote_dir, trust_remote_code=True)
+    fed[0].auto_model.load_state_dict(model[0].auto_model.state_dict())
+    reference = fed.encode(TEXTS, task="query", prompt="", convert_to_tensor=True)  # the query expert, no prefix
     assert torch.allclose(with_task, reference, atol=1e-6)
+    assert torch.allclose(with_task, model.encode(TEXTS, prompt_name="query", convert_to_tensor=True), atol=1e-6)
+    assert torch.allclose(with_task, model.encode_query(TEXTS, convert_to_tensor=True), atol=1e-6)
+    raw = model.encode(["search_query: " + t for t in TEXTS], prompt="", convert_to_tensor=True)
+    assert torch.allclose(with_task, raw, atol=1e-6)
+    # a mixed batch: each row's own prefix picks its expert; the default prompt does not override it
+    mixed = model.encode(["search_query: " + TEXTS[0], "clustering: " + TEXTS[1]], convert_to_tensor=True)
+    assert torch.allclose(mixed[0], with_task[0], atol=1e-6)
+    clustering = model.encode(TEXTS[1:2], task="clustering", convert_to_tensor=True)[0]
+    assert torch.allclose(mixed[1], clustering, atol=1e-6)
+    assert not torch.allclose(with_task, model.encode(TEXTS, task="document", convert_to_tensor=True), atol=1e-3)
+
+
+def test_prefix_routes_only_folder_embeds_plain_text_as_the_dense_model(tmp_path, st_dense):
+    from convert.upcycle import upcycle_folder
+
+    folder = upcycle_folder(tmp_path / "route-only", prefix_routes_only=True)
+    model = SentenceTransformer(str(folder), trust_remote_code=True)
+    assert model[0].prepend_task_prefix is False
+    reference = st_dense.encode(TEXTS, convert_to_tensor=True)
+    for kwargs in ({}, {"prompt_name": "query"}, {"prompt_name": "document"}, {"task": "clustering"}):
+        assert torch.allclose(model.encode(TEXTS, convert_to_tensor=True, **kwargs), reference, atol=1e-5), kwargs
 
 
 def test_unknown_task_and_missing_task_errors(st_mote):

@@ -84,13 +84,18 @@ def test_unknown_upcycle_option_is_one_line(tmp_path, dense_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_mote_from_dense_training_only_experts_leaves_the_rest_bit_identical(tmp_path, dense_path):
-    config = _config(tmp_path, dense_path, arch="mote", trainable="experts", upcycle={"expert_layers": "all"})
+@pytest.mark.parametrize("prefix_routes_only", [False, True])
+def test_mote_from_dense_training_only_experts_leaves_the_rest_bit_identical(tmp_path, dense_path, prefix_routes_only):
+    """With the prefix fed or only routing (`task_ids` features), the batches reach their own experts."""
+    upcycle = {"expert_layers": "all", "prefix_routes_only": prefix_routes_only}
+    config = _config(tmp_path, dense_path, arch="mote", trainable="experts", upcycle=upcycle)
     train(config, tmp_path)
     dense = load_file(f"{dense_path}/model.safetensors")
     trained = load_file(str(tmp_path / "out" / "model.safetensors"))
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
     assert saved["model_type"] == "mote_bert" and saved["expert_layers"] == list(range(6))
+    module = json.loads((tmp_path / "out" / "sentence_bert_config.json").read_text())
+    assert module.get("prepend_task_prefix", True) is not prefix_routes_only
     shared = [key for key in trained if ".experts." not in key]
     assert shared and all(torch.equal(trained[key], dense[key]) for key in shared)
     query = saved["tasks"].index("query")
