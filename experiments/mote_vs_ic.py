@@ -155,7 +155,7 @@ def report(
     """Markdown for `results` (model -> seed -> scores; seed None for the untrained base): mean ± sd
     over seeds per task, per group of tasks (default: per task type) and on average; then each
     model's per-seed difference to `reference` (same seed, so same data order), mean ± sd over the
-    seeds both have."""
+    seeds both have (every seed, against a reference that is one untrained model)."""
     groups = groups or task_type_groups(task_names)
     keys = task_names + list(groups) + ["average"]
     columns = task_names + [f"{name} (avg)" for name in groups] + ["average", "seeds"]
@@ -165,7 +165,14 @@ def report(
         lines.append(
             f"| {name} | " + " | ".join(summary([row[key] for row in rows]) for key in keys) + f" | {len(runs)} |"
         )
-    paired = [name for name in results if name != reference and set(results[name]) & set(results.get(reference, {}))]
+    ref = results.get(reference, {})
+
+    def shared_seeds(name: str) -> list:
+        """The seeds `name` shares with the reference; every seed when the reference is one untrained model."""
+        common = set(results[name]) & set(ref)
+        return sorted(common, key=str) if common else (sorted(results[name], key=str) if None in ref else [])
+
+    paired = [name for name in results if name != reference and shared_seeds(name)]
     if paired:
         lines += [
             "",
@@ -175,11 +182,11 @@ def report(
             "|---|" + "---:|" * len(columns),
         ]
         for name in paired:
-            seeds = sorted(set(results[name]) & set(results[reference]))
+            seeds = shared_seeds(name)
             deltas = [
                 {
                     key: scores(results[name][seed], task_names, groups)[key]
-                    - scores(results[reference][seed], task_names, groups)[key]
+                    - scores(ref.get(seed, ref.get(None)), task_names, groups)[key]
                     for key in keys
                 }
                 for seed in seeds

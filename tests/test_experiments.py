@@ -248,3 +248,48 @@ def test_aea_report_means_deltas_and_missing_seeds(tmp_path):
     with pytest.raises(SystemExit) as exit_info:  # no results: one line and exit 2
         A.run_cli(A.main, ["--output", str(tmp_path / "none"), "--report-only"])
     assert exit_info.value.code == 2
+
+
+@pytest.fixture()
+def general(shared):
+    """`shared` plus the files of the general mix."""
+    for name in ("squad_v1.1_dev_question_paragraph", "glue_rte_train_entailment", "coco2017_val_captions"):
+        rows = [{"anchor": f"{name} a{i}", "positive": f"{name} p{i % 4}", "source": name} for i in range(8)]
+        _jsonl(shared / f"training_pairs/{name}.jsonl", rows)
+    _tsv(shared / "classification/sst2/train.tsv", ["text", "label"], [[f"sst {i}", i % 2] for i in range(8)])
+    return shared
+
+
+def test_general_mix_keeps_held_out_tasks_out_and_positives_distinct(general):
+    datasets = prepare_data.build_general(general, seed=0)
+    assert list(datasets) == list(prepare_data.GENERAL_CAPS)
+    assert set(prepare_data.GENERAL_TASK_OF) == set(datasets)
+    for name, rows in datasets.items():
+        positives = [row["positive"] for row in rows]
+        assert len(positives) == len(set(positives)), name  # no in-batch false negatives by repetition
+        assert all(set(row) == {"anchor", "positive"} for row in rows)
+    texts = {text for rows in datasets.values() for row in rows for text in row.values()}
+    # nothing from the held-out tasks' data (Banking77, Emotion) nor from the STS/MRPC/TrecQA pairs
+    assert not any(
+        text.startswith(("banking77", "emotion", "para ", "question ", "phrase", "answer")) for text in texts
+    )
+    assert len(datasets["squad"]) == 4  # 8 rows, 4 distinct paragraphs
+    assert not set(prepare_data.IN_DOMAIN) & set(prepare_data.HELD_OUT)
+
+
+def test_forgetting_report_splits_domains_and_pairs_with_the_untouched_model():
+    from evaluation.run import TASKS
+    from experiments.forgetting import split_report
+
+    def scores(value):
+        return {task: {"main_score": value} for task in TASKS}
+
+    results = {
+        "untouched (no prompts)": {None: scores(50.0)},
+        "full": {0: scores(52.0), 1: scores(54.0)},
+        "ic": {0: scores(51.0), 1: scores(51.0)},
+    }
+    text = split_report(results, list(TASKS))
+    assert "in-domain (avg)" in text and "held-out (avg)" in text
+    assert "| full − untouched (no prompts) |" in text and "+3.00 ± 1.41" in text  # (2, 4) against one model
+    assert "| full − ic |" in text and "+2.00 ± 1.41" in text

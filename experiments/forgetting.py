@@ -1,0 +1,198 @@
+"""Train without forgetting (issue 22): which recipe specialises MoTE and stays at or above the untouched model
+outside its training data.
+
+    python -m experiments.forgetting --output models/forgetting --seeds 0,1,2 \\
+        --results docs/experiment-forgetting/results
+
+From the bundled all-MiniLM-L6-v2, on the general mix of `experiments.prepare_data.build_general` (broad
+pairs: SQuAD question -> paragraph, SNLI and RTE entailments, COCO captions; and the train splits of four
+suite tasks), one epoch, 32 pairs a batch, inputs cut to 64 tokens, learning rate 2e-5 with 10% linear
+warm-up and linear decay, TA-CL, seeds 0-2; every MoTE variant is upcycled from the dense model by the
+training config itself (`arch: mote`):
+
+- `full`: the recipe before issue 22: every weight trains, the instruction prefix is fed;
+- `experts`: only the task experts train (the shared weights stay bit-identical);
+- `experts+distill`: and an embedding-distillation term to the frozen starting model (weight 1);
+- `route+experts+distill`: and the prefix only routes (`prefix_routes_only`): the encoder sees plain text;
+- `route+experts+distill+dev`: and the checkpoint (step 0 included) is chosen on STS-B dev;
+- `ic`: the dense model with the same prompts, its blocks that MoTE turns into experts trained, with the
+  same distillation (instruction conditioning trained the same way as `experts+distill`).
+
+The untouched model is scored with and without the prompts. The suite is reported split into in-domain
+tasks (their train split is in the mix) and held-out ones (neither their splits nor their sources are),
+with each run's paired difference to the untouched model (no prompts), same seed for `ic`.
+Every step is skipped when its result exists, so a run resumes where it stopped, also in a later session
+when `--results` points at a committed folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import yaml
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from convert.checkpoint import bundled_minilm_path
+from convert.upcycle import save_dense_with_prompts, upcycle_folder
+from evaluation.run import TASKS
+from experiments import prepare_data
+from experiments.mote_vs_ic import report, run
+from moe_embed_cli import HelpFormatter, UsageError, run_cli
+
+logger = logging.getLogger("experiment")
+
+TRAINING = {
+    "batch_size": 32,
+    "epochs": 1,
+    "learning_rate": 2.0e-5,
+    "warmup_ratio": 0.1,
+    "lr_scheduler_type": "linear",
+    "max_seq_length": 64,
+    "logging_steps": 16,
+}
+DISTILL = {"kind": "distill", "weight": 1.0}
+VARIANTS = {
+    "full": {"arch": "mote"},
+    "experts": {"arch": "mote", "trainable": "experts"},
+    "experts+distill": {"arch": "mote", "trainable": "experts", "regularizer": DISTILL},
+    "route+experts+distill": {
+        "arch": "mote",
+        "upcycle": {"prefix_routes_only": True},
+        "trainable": "experts",
+        "regularizer": DISTILL,
+    },
+    "route+experts+distill+dev": {
+        "arch": "mote",
+        "upcycle": {"prefix_routes_only": True},
+        "trainable": "experts",
+        "regularizer": DISTILL,
+        "dev": {"tasks": ["stsb-dev"], "eval_steps": 36},
+    },
+    "ic": {"trainable": "experts", "regularizer": DISTILL},  # on the dense model with MoTE's prompts
+}
+BASELINES = {"untouched (no prompts)": "untouched", "untouched (prompts)": "untouched-prompts"}
+
+
+def prepare(out: Path) -> dict:
+    """The general mix and the dense model with MoTE's prompts (IC); returns the config's `tasks:`."""
+    datasets = prepare_data.build_general(prepare_data.D.data_dir())
+    tasks = prepare_data.write(datasets, out / "data", negatives=False, task_of=prepare_data.GENERAL_TASK_OF)
+    if not (out / "ic-base" / "config.json").exists():
+        upcycle_folder(out / "mote-prompts", overwrite=True)  # only its prompts are read
+        save_dense_with_prompts(out / "mote-prompts", out / "ic-base")
+        shutil.rmtree(out / "mote-prompts")
+    return tasks
+
+
+def train(out: Path, variant: str, seed: int, tasks: dict, results: Path) -> Path:
+    """Train one variant for one seed (unless its folder exists); returns its folder."""
+    folder = out / "runs" / f"{variant}-s{seed}"
+    if (folder / "config_sentence_transformers.json").exists():
+        return folder
+    options = VARIANTS[variant]
+    config = {
+        **TRAINING,
+        **options,
+        "seed": seed,
+        "output_dir": str(folder),
+        "overwrite_output_dir": True,  # a run that stopped half-way is redone
+        "tasks": tasks,
+        "model": str(out / "ic-base") if variant == "ic" else bundled_minilm_path(),
+    }
+    path = out / "configs" / f"{folder.name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    run(["-m", "training.train", "--config", str(path)], out / "logs" / f"{folder.name}.log")
+    if (folder / "dev_scores.json").exists():
+        shutil.copy2(folder / "dev_scores.json", results / f"{folder.name}.dev.json")
+    return folder
+
+
+def evaluate(out: Path, results: Path, name: str, model: str, tasks: list[str]) -> dict:
+    """The suite scores of `model` (from `results/NAME.json` when it exists)."""
+    path = results / f"{name}.json"
+    if not path.exists():
+        run(
+            ["-m", "evaluation.run", model, "--tasks", ",".join(tasks), "--output", str(path), "--trust-remote-code"],
+            out / "logs" / f"eval-{name}.log",
+        )
+    return json.loads(path.read_text())
+
+
+def split_report(results: dict, tasks: list[str]) -> str:
+    """Scores per task, in-domain and held-out averages; paired differences to the untouched model and to IC."""
+    groups = {
+        "in-domain": [t for t in prepare_data.IN_DOMAIN if t in tasks],
+        "held-out": [t for t in prepare_data.HELD_OUT if t in tasks],
+    }
+    groups = {name: members for name, members in groups.items() if members}
+    text = report(results, tasks, "untouched (no prompts)", groups)
+    if "ic" in results:
+        mote = {k: v for k, v in results.items() if k not in BASELINES}
+        text += "\n" + report(mote, tasks, "ic", groups).split("\n\n", 1)[-1]
+    return text
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--output", required=True, help="folder for data, models, configs and logs")
+    parser.add_argument("--results", default=None, help="folder of the score files (default: OUTPUT/results)")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    parser.add_argument("--tasks", default="all", help="suite tasks (evaluation.run names, or 'all')")
+    parser.add_argument("--report-only", action="store_true", help="write the report from existing scores only")
+    args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    if not variants or set(variants) - set(VARIANTS):
+        raise UsageError(f"--variants takes names from {','.join(VARIANTS)}, got {args.variants!r}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        raise UsageError(f"--seeds expects comma-separated integers, got {args.seeds!r}") from None
+    tasks = list(TASKS) if args.tasks == "all" else args.tasks.split(",")
+    if set(tasks) - set(TASKS):
+        raise UsageError(f"unknown tasks {sorted(set(tasks) - set(TASKS))}; expected names from {', '.join(TASKS)}")
+    out = Path(args.output).resolve()
+    results_dir = Path(args.results).resolve() if args.results else out / "results"
+    results_dir.mkdir(parents=True, exist_ok=True)
+    found = {}
+    if not args.report_only:
+        training_tasks = prepare(out)
+        found["untouched (no prompts)"] = {None: evaluate(out, results_dir, "untouched", bundled_minilm_path(), tasks)}
+        prompts = evaluate(out, results_dir, "untouched-prompts", str(out / "ic-base"), tasks)
+        found["untouched (prompts)"] = {None: prompts}
+        for seed in seeds:  # seed by seed, so a partial run already compares every variant
+            for variant in variants:
+                name = f"{variant}-s{seed}"
+                if not (results_dir / f"{name}.json").exists():
+                    train(out, variant, seed, training_tasks, results_dir)
+                found.setdefault(variant, {})[seed] = evaluate(out, results_dir, name, str(out / "runs" / name), tasks)
+                write(results_dir, found, tasks)
+    found = {
+        label: {None: json.loads((results_dir / f"{name}.json").read_text())}
+        for label, name in BASELINES.items()
+        if (results_dir / f"{name}.json").exists()
+    }
+    for variant in variants:
+        for seed in seeds:
+            if (results_dir / f"{variant}-s{seed}.json").exists():
+                found.setdefault(variant, {})[seed] = json.loads((results_dir / f"{variant}-s{seed}.json").read_text())
+    return write(results_dir, found, tasks)
+
+
+def write(results_dir: Path, found: dict, tasks: list[str]) -> str:
+    text = split_report(found, tasks)
+    (results_dir.parent / "report.md").write_text(text)
+    print(text, flush=True)
+    return text
+
+
+if __name__ == "__main__":
+    run_cli(main)
