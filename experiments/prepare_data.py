@@ -112,87 +112,7 @@ def build(root: Path, seed: int = 0) -> dict[str, list[dict]]:
     return datasets
 
 
-# The mix of the training-without-forgetting experiment (experiments/forgetting.py): broad general-domain
-# pairs plus the train splits of some suite tasks, and nothing from the held-out ones (see HELD_OUT).
-GENERAL_CAPS = {
-    "scifact": 600,
-    "squad": 600,
-    "amazon_counterfactual": 500,
-    "sst2": 500,
-    "snli": 600,
-    "rte": 600,
-    "trec": 600,
-    "coco": 600,
-}
-GENERAL_TASK_OF = {
-    "scifact": "retrieval",
-    "squad": "retrieval",
-    "amazon_counterfactual": "classification",
-    "sst2": "classification",
-    "snli": "classification",  # symmetric sentence similarity: the expert MoTE routes STS to
-    "rte": "classification",
-    "trec": "clustering",
-    "coco": "clustering",
-}
-# suite tasks whose train split is in the general mix, and those kept entirely out of it: neither their
-# splits nor their sources (MRPC and the STS/SICK/TrecQA pairs of positive_pairs.jsonl are STS-B's,
-# SICK's or held-out sets' sources, so they are not used)
-IN_DOMAIN = ["SciFact", "AmazonCounterfactualClassification", "SST2Classification (local)", "TRECClustering (local)"]
-HELD_OUT = [
-    "STSBenchmark",
-    "SICK-R",
-    "TwitterURLCorpus",
-    "Banking77Classification",
-    "EmotionClassification",
-    "Banking77Clustering (local)",
-]
-
-
-def distinct_positives(rows: list[dict], cap: int, rng: random.Random) -> list[dict]:
-    """Up to `cap` rows with pairwise different positives (a repeated positive is an in-batch false negative)."""
-    seen, kept = set(), []
-    for row in rng.sample(rows, len(rows)):
-        if row["positive"] not in seen:
-            seen.add(row["positive"])
-            kept.append({"anchor": row["anchor"], "positive": row["positive"]})
-        if len(kept) == cap:
-            break
-    return kept
-
-
-def build_general(root: Path, seed: int = 0) -> dict[str, list[dict]]:
-    """Rows per dataset of the general mix (`GENERAL_CAPS`), pairs only; no row from a `HELD_OUT` task."""
-    rng = random.Random(seed)
-    datasets = {}
-    scifact = D.beir(root / "retrieval/scifact", split="train")
-    queries = {q["_id"]: q["text"] for q in D.read_jsonl(root / "retrieval/scifact/queries.jsonl")}
-    pairs = [
-        {"anchor": queries[q], "positive": scifact.corpus[d]}
-        for q, docs in sorted(scifact.relevant.items())
-        for d in sorted(docs)
-    ]
-    datasets["scifact"] = distinct_positives(pairs, GENERAL_CAPS["scifact"], rng)
-    for name, file in [
-        ("squad", "squad_v1.1_dev_question_paragraph.jsonl"),
-        ("rte", "glue_rte_train_entailment.jsonl"),
-        ("coco", "coco2017_val_captions.jsonl"),
-        ("snli", "snli_devtest_triplets.jsonl"),
-    ]:
-        datasets[name] = distinct_positives(D.read_jsonl(root / "training_pairs" / file), GENERAL_CAPS[name], rng)
-    for name, train, label in [
-        ("amazon_counterfactual", "en_train.tsv", "label"),
-        ("sst2", "train.tsv", "label"),
-        ("trec", "train.tsv", "fine_label"),
-    ]:
-        texts = D.labelled_texts(root / "classification" / name, None, train, label=label)  # the train split
-        rows = same_label_rows(texts.test_texts, texts.test_labels, len(texts.test_texts), rng)
-        datasets[name] = distinct_positives(rows, GENERAL_CAPS[name], rng)
-    return {name: datasets[name] for name in GENERAL_CAPS}
-
-
-def write(
-    datasets: dict[str, list[dict]], output: Path, negatives: bool = True, task_of: dict[str, str] | None = None
-) -> dict[str, list[dict]]:
+def write(datasets: dict[str, list[dict]], output: Path, negatives: bool = True) -> dict[str, list[dict]]:
     """Write `<name>.jsonl` files into `output` (without the `negative` column unless `negatives`);
     returns the config's `tasks:` section."""
     output.mkdir(parents=True, exist_ok=True)
@@ -202,7 +122,7 @@ def write(
             rows = [{"anchor": row["anchor"], "positive": row["positive"]} for row in rows]
         path = output / f"{name}.jsonl"
         write_rows(path, rows, overwrite=True)
-        tasks.setdefault((task_of or TASK_OF)[name], []).append({"name": name, "path": str(path.resolve())})
+        tasks.setdefault(TASK_OF[name], []).append({"name": name, "path": str(path.resolve())})
     return tasks
 
 

@@ -250,31 +250,20 @@ def test_aea_report_means_deltas_and_missing_seeds(tmp_path):
     assert exit_info.value.code == 2
 
 
-@pytest.fixture()
-def general(shared):
-    """`shared` plus the files of the general mix."""
-    for name in ("squad_v1.1_dev_question_paragraph", "glue_rte_train_entailment", "coco2017_val_captions"):
-        rows = [{"anchor": f"{name} a{i}", "positive": f"{name} p{i % 4}", "source": name} for i in range(8)]
-        _jsonl(shared / f"training_pairs/{name}.jsonl", rows)
-    _tsv(shared / "classification/sst2/train.tsv", ["text", "label"], [[f"sst {i}", i % 2] for i in range(8)])
-    return shared
+def test_recipe_is_the_recommended_variant_and_keeps_held_out_data_out():
+    import yaml
 
+    from experiments.forgetting import HELD_OUT, IN_DOMAIN, RECIPE, RECOMMENDED, VARIANT_KEYS, VARIANTS
 
-def test_general_mix_keeps_held_out_tasks_out_and_positives_distinct(general):
-    datasets = prepare_data.build_general(general, seed=0)
-    assert list(datasets) == list(prepare_data.GENERAL_CAPS)
-    assert set(prepare_data.GENERAL_TASK_OF) == set(datasets)
-    for name, rows in datasets.items():
-        positives = [row["positive"] for row in rows]
-        assert len(positives) == len(set(positives)), name  # no in-batch false negatives by repetition
-        assert all(set(row) == {"anchor", "positive"} for row in rows)
-    texts = {text for rows in datasets.values() for row in rows for text in row.values()}
-    # nothing from the held-out tasks' data (Banking77, Emotion) nor from the STS/MRPC/TrecQA pairs
-    assert not any(
-        text.startswith(("banking77", "emotion", "para ", "question ", "phrase", "answer")) for text in texts
-    )
-    assert len(datasets["squad"]) == 4  # 8 rows, 4 distinct paragraphs
-    assert not set(prepare_data.IN_DOMAIN) & set(prepare_data.HELD_OUT)
+    recipe = yaml.safe_load(RECIPE.read_text())
+    chosen = {k: v for k, v in recipe.items() if k in VARIANT_KEYS and k not in ("model", "output_dir")}
+    assert chosen == VARIANTS[RECOMMENDED]
+    paths = [spec["path"] for specs in recipe["tasks"].values() for spec in specs]
+    # no split or source of a held-out task: Banking77, Emotion, TwitterURL, STS-B, SICK (nor MRPC and the
+    # STS/SICK/TrecQA pairs of positive_pairs.jsonl)
+    forbidden = ("banking77", "emotion", "twitter", "sts/", "sick", "mrpc", "positive_pairs")
+    assert not [p for p in paths if any(word in p.lower() for word in forbidden)]
+    assert not set(IN_DOMAIN) & set(HELD_OUT)
 
 
 def test_forgetting_report_splits_domains_and_pairs_with_the_untouched_model():

@@ -39,6 +39,29 @@ class DatasetSpec:
         "JSONL file: absolute, relative to the working directory, or starting with {data}/ for the data folder"
     )
     name: str | None = _help("name of the dataset's trainer entry (default: the file's stem)", None)
+    format: str = _help(
+        "pairs (JSONL anchor/positive[/negative]), labelled (TSV: texts paired by label) or beir (query -> "
+        "relevant document)",
+        "pairs",
+    )
+    text: str = _help("labelled: the text column", "text")
+    label: str = _help("labelled: the label column", "label")
+    split: str = _help("beir: the qrels split", "train")
+    max_rows: int | None = _help("keep this many rows, with pairwise different positives", None)
+    sample_seed: int = _help("seed of that sample (fixed, so runs with other seeds train on the same rows)", 0)
+
+    def __post_init__(self):
+        from training.datasets import FORMATS
+
+        if self.format not in FORMATS:
+            raise UsageError(f"unknown dataset format {self.format!r}; expected one of {', '.join(FORMATS)}")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise UsageError(f"max_rows must be at least 1, got {self.max_rows}")
+
+    def entry_name(self) -> str:
+        """The trainer entry's name: `name`, else the file's stem (a labelled split: its folder's name)."""
+        path = Path(self.path)
+        return self.name or {"labelled": path.parent.name, "beir": path.name}.get(self.format, path.stem)
 
 
 @dataclass
@@ -130,9 +153,13 @@ class DevConfig:
 class TrainingConfig:
     """A TA-CL training run (`python -m training.train --config FILE.yaml`)."""
 
-    model: str = _help("model folder or Hub id to train: MoTE, token-routed MoE, CoMoE or dense")
     tasks: dict[str, list[DatasetSpec]] = _help(
         f"task type ({', '.join(TASK_TYPES)}) -> list of datasets, each {{name, path}}"
+    )
+    model: str | None = _help(
+        "model folder or Hub id to train: MoTE, token-routed MoE, CoMoE or dense (default: the bundled "
+        "all-MiniLM-L6-v2)",
+        None,
     )
     trust_remote_code: bool = _help("allow the model folder's own code (MoTE, MoE)", False)
     data_dir: str | None = _help(
@@ -201,8 +228,8 @@ class TrainingConfig:
     )
 
     def __post_init__(self):
-        if not self.model:
-            raise UsageError("`model` must name a model folder or Hub id")
+        if self.model == "":
+            raise UsageError("`model` must name a model folder or Hub id (or be left out: the bundled MiniLM)")
         if not self.tasks:
             raise UsageError("`tasks` must map at least one task type to its datasets")
         for name, specs in self.tasks.items():

@@ -69,10 +69,18 @@ def read_pair_dataset(spec: DatasetSpec, base: Path, data_dir: str | None = None
     """One JSONL dataset as a `datasets.Dataset` with anchor/positive[/negative] columns."""
     from datasets import Dataset
 
-    from training.data_tools import read_pairs
+    from training.datasets import load_rows
 
     path = dataset_path(spec, base, data_dir)
-    rows = read_pairs(path)
+    rows = load_rows(
+        path,
+        spec.format,
+        text=spec.text,
+        label=spec.label,
+        split=spec.split,
+        max_rows=spec.max_rows,
+        sample_seed=spec.sample_seed,
+    )
     columns = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in rows[0]]
     if any(any(c not in row for c in columns) for row in rows):
         raise UsageError(f"dataset {path}: every row needs the columns {columns}")
@@ -121,7 +129,7 @@ def build_entries(config: TrainingConfig, base: Path, model) -> tuple[dict, dict
     datasets, temperatures, prompts = {}, {}, {}
     for task, specs in config.tasks.items():
         kind = task_type(task)
-        loaded = [(spec.name or Path(spec.path).stem, read_pair_dataset(spec, base, config.data_dir)) for spec in specs]
+        loaded = [(spec.entry_name(), read_pair_dataset(spec, base, config.data_dir)) for spec in specs]
         if kind.batching == "homogeneous":
             groups = {f"{task}/{name}": data for name, data in loaded}
         else:
@@ -148,7 +156,12 @@ def build_entries(config: TrainingConfig, base: Path, model) -> tuple[dict, dict
 
 
 def model_source(config: TrainingConfig, base: Path) -> str:
-    """`config.model` as a folder relative to `base` (the working directory) when there is one, else as given."""
+    """`config.model` as a folder relative to `base` (the working directory) when there is one, else as given
+    (the bundled all-MiniLM-L6-v2 when it names none)."""
+    if config.model is None:
+        from convert.checkpoint import bundled_minilm_path
+
+        return bundled_minilm_path()
     return str(base / config.model) if (base / config.model).is_dir() else config.model
 
 
