@@ -16,7 +16,9 @@ model by the training config itself (`arch: mote`):
 - `route+experts+distill`: and the prefix only routes (`prefix_routes_only`): the encoder sees plain text;
 - `route+experts+distill+dev`: and the checkpoint (step 0 included) is chosen on STS-B dev;
 - `ic`: the dense model with the same prompts, its blocks that MoTE turns into experts trained, with the
-  same distillation (instruction conditioning trained the same way as `experts+distill`).
+  same distillation (instruction conditioning trained the same way as `experts+distill`);
+- with `--variants`: `moe`, `moe+experts+distill`, `comoe`, `comoe+distill`, the same questions for the
+  token-routed MoE and CoMoE.
 
 The untouched model is scored with and without the prompts. The suite is reported split into in-domain
 tasks (their train split is in the mix) and held-out ones (neither their splits nor their sources are),
@@ -82,7 +84,21 @@ VARIANTS = {
         "dev": {"tasks": ["stsb-dev"], "eval_steps": 36},
     },
     "ic": {"trainable": "experts", "regularizer": DISTILL},  # on the dense model with MoTE's prompts
+    # what transfers to the other expert models: the token-routed MoE (upcycled with renormalised top-k, so
+    # it starts as the dense model) and CoMoE (adapters only by construction), each with and without the
+    # distillation term
+    "moe": {"arch": "moe", "upcycle": {"norm_topk_prob": True}},
+    "moe+experts+distill": {
+        "arch": "moe",
+        "upcycle": {"norm_topk_prob": True},
+        "trainable": "experts",
+        "regularizer": DISTILL,
+    },
+    "comoe": {"arch": "comoe"},
+    "comoe+distill": {"arch": "comoe", "regularizer": DISTILL},
 }
+# the variants a plain run trains (the others: --variants)
+DEFAULT_VARIANTS = ("full", "experts", "experts+distill", "route+experts+distill", "route+experts+distill+dev", "ic")
 BASELINES = {"untouched (no prompts)": "untouched", "untouched (prompts)": "untouched-prompts"}
 
 
@@ -152,7 +168,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--output", required=True, help="folder for data, models, configs and logs")
     parser.add_argument("--results", default=None, help="folder of the score files (default: OUTPUT/results)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
-    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
+    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"names from {','.join(VARIANTS)}")
     parser.add_argument("--tasks", default="all", help="suite tasks (evaluation.run names, or 'all')")
     parser.add_argument("--report-only", action="store_true", help="write the report from existing scores only")
     args = parser.parse_args(argv)
