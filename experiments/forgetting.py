@@ -65,7 +65,7 @@ HELD_OUT = [
     "EmotionClassification",
     "Banking77Clustering (local)",
 ]
-RECOMMENDED = "route+experts+distill+dev"
+RECOMMENDED = "route+experts+distill+dev+lr1e-4"
 DISTILL = {"kind": "distill", "weight": 1.0}
 VARIANTS = {
     "full": {"arch": "mote"},
