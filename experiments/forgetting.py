@@ -17,7 +17,8 @@ model by the training config itself (`arch: mote`):
 - `route+experts+distill+dev`: and the checkpoint (step 0 included) is chosen on STS-B dev;
 - `route+experts+distill+dev+lr1e-4`: and the experts train at 1e-4;
 - `ic`: the dense model with the same prompts, its blocks that MoTE turns into experts trained, with the
-  same distillation (instruction conditioning trained the same way as `experts+distill`);
+  same distillation (instruction conditioning trained the same way as `experts+distill`); `ic+lr1e-4+dev`
+  the same trained as the recipe trains MoTE;
 - with `--variants`: `moe`, `moe+experts+distill`, `comoe`, `comoe+distill`, the same questions for the
   token-routed MoE and CoMoE.
 
@@ -95,6 +96,13 @@ VARIANTS = {
         "dev": {"tasks": ["stsb-dev"], "eval_steps": 36},
     },
     "ic": {"trainable": "experts", "regularizer": DISTILL},  # on the dense model with MoTE's prompts
+    # IC trained as the recipe trains MoTE (the dense model's expert blocks at 1e-4, distillation, dev)
+    "ic+lr1e-4+dev": {
+        "trainable": "experts",
+        "expert_learning_rate": 1.0e-4,
+        "regularizer": DISTILL,
+        "dev": {"tasks": ["stsb-dev"], "eval_steps": 36},
+    },
     # what transfers to the other expert models: the token-routed MoE (upcycled with renormalised top-k, so
     # it starts as the dense model) and CoMoE (adapters only by construction), each with and without the
     # distillation term
@@ -117,6 +125,7 @@ DEFAULT_VARIANTS = (
     "route+experts+distill+dev",
     "route+experts+distill+dev+lr1e-4",
     "ic",
+    "ic+lr1e-4+dev",
 )
 BASELINES = {"untouched (no prompts)": "untouched", "untouched (prompts)": "untouched-prompts"}
 
@@ -146,7 +155,7 @@ def train(out: Path, variant: str, seed: int, results: Path) -> Path:
         "seed": seed,
         "output_dir": str(folder),
         "overwrite_output_dir": True,  # a run that stopped half-way is redone
-        "model": str(out / "ic-base") if variant == "ic" else bundled_minilm_path(),
+        "model": str(out / "ic-base") if variant.startswith("ic") else bundled_minilm_path(),
     }
     path = out / "configs" / f"{folder.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
