@@ -19,8 +19,8 @@ model by the training config itself (`arch: mote`):
 - `ic`: the dense model with the same prompts, its blocks that MoTE turns into experts trained, with the
   same distillation (instruction conditioning trained the same way as `experts+distill`); `ic+lr1e-4+dev`
   the same trained as the recipe trains MoTE;
-- with `--variants`: `moe`, `moe+experts+distill`, `comoe`, `comoe+distill`, the same questions for the
-  token-routed MoE and CoMoE.
+- with `--variants`: `moe`, `moe+recipe`, `comoe`, `comoe+recipe`: the token-routed MoE and CoMoE trained
+  as before issue 22 and as the recipe trains MoTE.
 
 The untouched model is scored with and without the prompts. The suite is reported split into in-domain
 tasks (their train split is in the mix) and held-out ones (neither their splits nor their sources are),
@@ -104,17 +104,25 @@ VARIANTS = {
         "dev": {"tasks": ["stsb-dev"], "eval_steps": 36},
     },
     # what transfers to the other expert models: the token-routed MoE (upcycled with renormalised top-k, so
-    # it starts as the dense model) and CoMoE (adapters only by construction), each with and without the
-    # distillation term
+    # it starts as the dense model) and CoMoE (adapters only by construction), each trained as before issue
+    # 22 and as the recipe trains MoTE (experts/adapters at 1e-4, distillation, dev selection); prefix-only
+    # routing has no counterpart in either: their routers read tokens, so the prompt text stays in the input
     "moe": {"arch": "moe", "upcycle": {"norm_topk_prob": True}},
-    "moe+experts+distill": {
+    "moe+recipe": {
         "arch": "moe",
         "upcycle": {"norm_topk_prob": True},
         "trainable": "experts",
+        "expert_learning_rate": 1.0e-4,
         "regularizer": DISTILL,
+        "dev": {"tasks": ["stsb-dev"], "eval_steps": 36},
     },
     "comoe": {"arch": "comoe"},
-    "comoe+distill": {"arch": "comoe", "regularizer": DISTILL},
+    "comoe+recipe": {
+        "arch": "comoe",
+        "expert_learning_rate": 1.0e-4,
+        "regularizer": DISTILL,
+        "dev": {"tasks": ["stsb-dev"], "eval_steps": 36},
+    },
 }
 # the variants a plain run trains (the others: --variants)
 DEFAULT_VARIANTS = (
