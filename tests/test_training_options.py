@@ -88,7 +88,7 @@ def test_unknown_upcycle_option_is_one_line(tmp_path, dense_path, capsys):
 def test_mote_from_dense_training_only_experts_leaves_the_rest_bit_identical(tmp_path, dense_path, prefix_routes_only):
     """With the prefix fed or only routing (`task_ids` features), the batches reach their own experts."""
     upcycle = {"expert_layers": "all", "prefix_routes_only": prefix_routes_only}
-    config = _config(tmp_path, dense_path, arch="mote", trainable="experts", upcycle=upcycle)
+    config = _config(tmp_path, dense_path, arch="mote", trainable="experts", upcycle=upcycle, seed=1)
     train(config, tmp_path)
     dense = load_file(f"{dense_path}/model.safetensors")
     trained = load_file(str(tmp_path / "out" / "model.safetensors"))

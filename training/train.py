@@ -171,10 +171,11 @@ def upcycled_source(config: TrainingConfig, base: Path, scratch: Path) -> str:
     CoMoE options by name)."""
     from dataclasses import asdict
 
-    from convert.upcycle import upcycle_folder
+    from convert.upcycle import ARCH_OPTIONS, upcycle_folder
 
     options = asdict(config.adapter) if config.arch == "comoe" else dict(config.upcycle or {})
-    options.setdefault("seed", config.seed)
+    if config.arch in ARCH_OPTIONS["seed"]:  # MoTE's upcycling is deterministic: it has no seed
+        options.setdefault("seed", config.seed)
     try:
         return str(upcycle_folder(scratch / config.arch, config.arch, model_source(config, base), **options))
     except TypeError as error:  # an option upcycle.py does not have
