@@ -6,12 +6,15 @@ Every `config.moe_layers` layer replaces BERT's feed-forward block (`intermediat
 top-`num_experts_per_tok` experts by softmax router probability. The attention-output and output
 LayerNorms stay shared. Experts are stacked 3-D parameters so that transformers' experts
 implementations (`experts_implementation="grouped_mm"` / `"batched_mm"`) apply; `"eager"` is the
-loop in `MoeBertExperts.forward`, correct on any torch.
+loop in `MoeBertExperts.forward`, correct on any torch. When the caller names none, the model runs the
+fastest one measured for the device of its inputs (`FASTEST_EXPERTS`): `model.get_experts_implementation()`
+shows the one in use, and a debug-level log line says when it is chosen.
 
 The model returns the Switch-style load-balancing loss (and optionally the router z-loss) as
 `aux_loss`; add it to the training loss (see `training/losses.py`).
 """
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +26,14 @@ from .compat import OutputRecorder, init, is_exporting, use_experts_implementati
 from .configuration_encoder import EncoderConfig  # noqa: F401 (transformers 4.x: see modeling_mote.py)
 from .configuration_moe import MoeBertConfig
 from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention
+
+logger = logging.getLogger(__name__)
+
+# The experts implementation a model runs when the caller names none, per device type. CPU: the eager loop,
+# 3-20% faster than `grouped_mm` at every batch and length of `benchmarks/bench_moe.py` (docs/benchmarks.md);
+# elsewhere transformers' own default, `grouped_mm` (not measured here: no GPU run has been recorded).
+FASTEST_EXPERTS = {"cpu": "eager"}
+DEFAULT_EXPERTS = "grouped_mm"
 
 
 @dataclass
@@ -142,7 +153,7 @@ class MoeBertExperts(nn.Module):
             start = end
         slot_outputs = torch.empty_like(sorted_outputs)
         slot_outputs[order] = sorted_outputs  # back to (token, slot) order
-        weighted = slot_outputs.view(num_tokens, num_top_k, -1) * top_k_weights.unsqueeze(-1)
+        weighted = slot_outputs.view(num_tokens, num_top_k, hidden_states.shape[-1]) * top_k_weights.unsqueeze(-1)
         return weighted.sum(dim=1)  # deterministic reduction over the k slots of each token
 
     def graph_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
@@ -219,6 +230,24 @@ class MoeBertPreTrainedModel(EncoderPreTrainedModel):
         "attentions": OutputRecorder(EncoderSelfAttention, index=1),
     }
 
+    def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
+        """transformers 5.x asks this at construction and on `set_experts_implementation`: a named
+        implementation is checked by transformers and kept; none named means "the fastest for the device",
+        which `use_fastest_experts` settles at each forward from the inputs' device (eager until then)."""
+        self._experts_chosen = requested_experts is not None
+        if not self._experts_chosen:
+            return "eager"
+        return super().get_correct_experts_implementation(requested_experts)
+
+    def use_fastest_experts(self, device: torch.device) -> None:
+        """Unless the caller chose an experts implementation, switch to the fastest one for `device`."""
+        if getattr(self, "_experts_chosen", True):  # chosen, or transformers 4.x (no implementations)
+            return
+        fastest = FASTEST_EXPERTS.get(device.type, DEFAULT_EXPERTS)
+        if self.config._experts_implementation != fastest:
+            self.config._experts_implementation = fastest
+            logger.debug("experts implementation %r for %s (none was named)", fastest, device.type)
+
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -267,6 +296,7 @@ class MoeBertModel(MoeBertPreTrainedModel):
         return_dict (`bool`, *optional*): `False` returns a tuple instead of a `MoeBertModelOutput`.
         """
         attention_mask, token_index = self.real_token_index(input_ids, inputs_embeds, attention_mask)
+        self.use_fastest_experts((input_ids if input_ids is not None else inputs_embeds).device)
         backbone = self.forward_backbone(
             input_ids,
             attention_mask,
@@ -313,6 +343,7 @@ class MoeBertModel(MoeBertPreTrainedModel):
 
 
 __all__ = [
+    "FASTEST_EXPERTS",
     "MoeBertModel",
     "MoeBertPreTrainedModel",
     "MoeBertLayer",

@@ -1,6 +1,7 @@
 """Token-routed sparse MoE encoder: equivalence after upcycling, experts implementations, losses."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -218,3 +219,34 @@ def test_router_is_fp32_under_autocast_and_all_padding_gives_zero_aux_loss():
     with torch.no_grad():
         empty = model(input_ids=ids, attention_mask=torch.zeros_like(mask))
     assert empty.aux_loss.item() == 0.0
+
+
+def test_unnamed_experts_implementation_follows_the_device(caplog):
+    """No implementation named: the fastest measured for the inputs' device, visible in the config and logged
+    at debug level; a named one is never replaced."""
+    from modeling.modeling_moe import DEFAULT_EXPERTS, FASTEST_EXPERTS
+
+    torch.manual_seed(0)
+    model = MoeBertModel(tiny_moe_config()).eval()
+    ids, mask = _random_batch()
+    model.use_fastest_experts(torch.device("cuda"))  # as a forward on a GPU would (no GPU needed)
+    assert model.get_experts_implementation()[""] == FASTEST_EXPERTS.get("cuda", DEFAULT_EXPERTS) != "eager"
+    with caplog.at_level("DEBUG", logger="modeling.modeling_moe"), torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    assert model.get_experts_implementation()[""] == FASTEST_EXPERTS["cpu"] == "eager"
+    assert any("experts implementation 'eager' for cpu" in r.getMessage() for r in caplog.records)
+    named = MoeBertModel(tiny_moe_config(experts_implementation="grouped_mm")).eval()
+    with torch.no_grad():
+        named(input_ids=ids, attention_mask=mask)
+    assert named.get_experts_implementation()[""] == "grouped_mm"
+    named.set_experts_implementation("batched_mm")
+    named.use_fastest_experts(torch.device("cpu"))
+    assert named.get_experts_implementation()[""] == "batched_mm"
+
+
+def test_unnamed_experts_implementation_after_loading(moe_dir):
+    model = MoeBertModel.from_pretrained(moe_dir).eval()
+    assert model.get_experts_implementation()[""] == "eager"  # this CPU's fastest, before any forward
+    assert "experts_implementation" not in json.loads((Path(moe_dir) / "config.json").read_text())
+    chosen = MoeBertModel.from_pretrained(moe_dir, experts_implementation="grouped_mm")
+    assert chosen.get_experts_implementation()[""] == "grouped_mm"
