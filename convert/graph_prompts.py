@@ -1,0 +1,88 @@
+"""What sentence-transformers does to a MoTE input before the encoder, done on token ids inside an ONNX graph.
+
+A client that knows nothing of this package (Text Embeddings Inference, fastembed, onnxruntime with a
+tokenizer) sends `input_ids` of the text, with or without a prompt in front, truncated at the folder's
+input length. `SentenceTransformer.encode` of the PyTorch folder does three things to the text that such a
+client cannot be asked to do, and `PromptInputs` does them on the ids:
+
+- routing: the prompt (a task prefix) the ids start with picks the expert, else an explicit `task_ids`
+  entry, else the folder's default task;
+- the prefix: a folder that feeds it to the encoder (`prepend_task_prefix`, the default) puts the chosen
+  task's prefix in front of a row that has none (what `encode()` does with the default prompt); a
+  prefix-routed folder (`--prefix-routes-only`) takes it off (what its module does to the text);
+- the length: sentence-transformers truncates what the encoder sees at `max_seq_length` tokens, prefix
+  included or removed; the client's tokenizer truncates at `max_seq_length` plus the longest prefix, so that
+  after the prefix is taken off or put in, the graph can cut each row to `max_seq_length` with its separator
+  token last, as the tokenizer would have.
+
+The rows come out right-padded, `(batch, at most seq + longest prefix)`; every step is a tensor op (no host
+sync), so a batch may mix tasks, prompts and lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from modeling.modeling_mote import detect_task_ids
+
+
+class PromptInputs(nn.Module):
+    """`(input_ids, attention_mask[, task_ids]) -> (input_ids, attention_mask, task_ids)` as the encoder must
+    see them (see the module docstring); `task_ids` -1 where no task resolves (a strict folder)."""
+
+    def __init__(self, config, lead: int, max_length: int, sep_token_id: int, pad_token_id: int, strip: bool):
+        super().__init__()
+        self.config, self.lead, self.max_length, self.strip = config, lead, max_length, strip
+        self.sep_token_id, self.pad_token_id = sep_token_id, pad_token_id
+        prefixes = [config.task_prefix_ids[task][lead:] for task in config.tasks]
+        if any(
+            config.task_prefix_ids[task][:lead] != config.task_prefix_ids[config.tasks[0]][:lead]
+            for task in config.tasks
+        ):
+            raise ValueError("task prefixes start with different special tokens")
+        self.longest = max(len(p) for p in prefixes)
+        table = torch.full((len(prefixes), max(self.longest, 1)), pad_token_id, dtype=torch.long)
+        for index, prefix in enumerate(prefixes):
+            table[index, : len(prefix)] = torch.tensor(prefix, dtype=torch.long)
+        self.register_buffer("prefix_table", table, persistent=False)
+        self.register_buffer("prefix_lengths", torch.tensor([len(p) for p in prefixes]), persistent=False)
+        default = config.tasks.index(config.default_task) if config.default_task is not None else -1
+        self.default_task = default
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, task_ids: torch.Tensor | None = None):
+        batch = input_ids.shape[0]
+        found = detect_task_ids(input_ids, self.config)  # the prefix the row starts with, -1: none
+        chosen = found if task_ids is None else torch.where(task_ids >= 0, task_ids, found)
+        chosen = torch.where(chosen >= 0, chosen, torch.full_like(chosen, self.default_task))
+        valid = (chosen >= 0) & (chosen < self.prefix_lengths.shape[0])
+        safe = torch.where(valid, chosen, torch.zeros_like(chosen))
+        found_length = torch.where(found >= 0, self.prefix_lengths[found.clamp(min=0)], torch.zeros_like(found))
+        if self.strip:  # the prefix only routes: take it off
+            inserted, removed = torch.zeros_like(found_length), found_length
+        else:  # the encoder reads the prefix: put the chosen task's in front of a row that has none
+            inserted = torch.where((found < 0) & valid, self.prefix_lengths[safe], torch.zeros_like(found_length))
+            removed = torch.zeros_like(found_length)
+        # one gather over [leading specials | a slot of `longest` prefix ids | the rest of the row]
+        block = self.prefix_table[safe]  # (batch, longest)
+        ones = torch.ones_like(block)
+        ids = torch.cat([input_ids[:, : self.lead], block, input_ids[:, self.lead :]], dim=1)
+        mask = torch.cat([attention_mask[:, : self.lead], ones, attention_mask[:, self.lead :]], dim=1)
+        width = ids.shape[1]
+        position = torch.arange(width, device=ids.device).unsqueeze(0)
+        after = position - self.lead  # position within the row after its leading specials
+        skip = (self.longest - inserted + removed).unsqueeze(1)
+        source = torch.where(after < 0, position, torch.where(after < inserted.unsqueeze(1), position, position + skip))
+        inside = source < width
+        source = source.clamp(max=width - 1)
+        mask = torch.gather(mask, 1, source) * inside.to(mask.dtype)
+        ids = torch.where(mask.bool(), torch.gather(ids, 1, source), torch.full_like(ids, self.pad_token_id))
+        length = mask.sum(dim=1, keepdim=True)
+        ids, mask = ids[:, : self.max_length], mask[:, : self.max_length]
+        cut = (position[:, : ids.shape[1]] == self.max_length - 1) & (length > self.max_length)
+        ids = torch.where(cut, torch.full_like(ids, self.sep_token_id), ids)
+        task = torch.where(valid, chosen, torch.full_like(chosen, -1))
+        return ids, mask, task.expand(batch)
+
+
+__all__ = ["PromptInputs"]

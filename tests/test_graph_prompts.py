@@ -1,0 +1,76 @@
+"""convert/graph_prompts.py: on token ids, what `SentenceTransformer.encode` does to a MoTE input (routing,
+the prefix put in or taken off, truncation), checked against `encode` itself in PyTorch."""
+
+import pytest
+import torch
+from conftest import TEXTS, save_trained_copy
+from sentence_transformers import SentenceTransformer
+
+from convert.graph_prompts import PromptInputs
+
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 6)  # far over the 24 tokens below
+MAX = 24
+
+
+def _client_tokens(tokenizer, texts, longest):
+    """What a client sends: the text (its prompt in front or not), truncated at the folder's input length."""
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=MAX + longest, return_tensors="pt")
+    return batch["input_ids"], batch["attention_mask"]
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["prefix-fed", "prefix-routes-only"])
+def folder(request, dense_path, tmp_path_factory):
+    from convert.upcycle import main
+
+    out = tmp_path_factory.mktemp("graph-prompts") / "mote"
+    main(["--output", str(out), *(["--prefix-routes-only"] if request.param else [])])
+    trained = tmp_path_factory.mktemp("graph-prompts") / "trained"
+    save_trained_copy(str(out), trained, seed=3)  # experts differ: a wrong route shows
+    model = SentenceTransformer(str(trained), trust_remote_code=True)
+    model.max_seq_length = MAX
+    return model, request.param
+
+
+def _graph_embed(model, strip, texts, task_ids=None):
+    transformer = model[0]
+    config, tokenizer = transformer.auto_model.config, transformer.tokenizer
+    lead = len(config.task_prefix_ids[config.tasks[0]]) - len(
+        tokenizer(config.task_prefixes[config.tasks[0]], add_special_tokens=False)["input_ids"]
+    )
+    inputs = PromptInputs(config, lead, MAX, tokenizer.sep_token_id, tokenizer.pad_token_id, strip)
+    ids, mask = _client_tokens(tokenizer, texts, inputs.longest)
+    given = None if task_ids is None else torch.tensor(task_ids)
+    with torch.no_grad():
+        ids, mask, task = inputs(ids, mask, given)
+        out = transformer.auto_model(input_ids=ids, attention_mask=mask, task_ids=task)
+        features = {"token_embeddings": out.last_hidden_state, "attention_mask": mask}
+        for module in list(model)[1:]:
+            features = module(features)
+    return features["sentence_embedding"], task
+
+
+@pytest.mark.parametrize("prompt_name", [None, "query", "document", "classification", "clustering"])
+def test_ids_route_and_embed_as_encode_does(folder, prompt_name):
+    model, strip = folder
+    texts = [TEXTS[0], LONG, TEXTS[2], "hi"]
+    expected = model.encode(texts, prompt_name=prompt_name, convert_to_tensor=True)
+    prompt = model.prompts[prompt_name] if prompt_name else ""
+    got, task = _graph_embed(model, strip, [prompt + t for t in texts])
+    config = model[0].auto_model.config
+    assert task.tolist() == [config.tasks.index(prompt_name or config.default_task)] * len(texts)
+    assert (got - expected).abs().max() <= 1e-5
+
+
+def test_a_mixed_batch_and_explicit_task_ids(folder):
+    model, strip = folder
+    config = model[0].auto_model.config
+    names = ["query", "document", "clustering"]
+    texts = [model.prompts["query"] + TEXTS[0], model.prompts["document"] + LONG, "an unprefixed text"]
+    got, task = _graph_embed(model, strip, texts + [TEXTS[1]], task_ids=[-1, -1, config.tasks.index("clustering"), -1])
+    expected = [
+        model.encode([t[len(model.prompts[n]) :] if n != "clustering" else t], prompt_name=n, convert_to_tensor=True)[0]
+        for n, t in zip(names, texts)
+    ]
+    expected.append(model.encode([TEXTS[1]], convert_to_tensor=True)[0])
+    assert task.tolist() == [config.tasks.index(n) for n in names] + [config.tasks.index(config.default_task)]
+    assert (got - torch.stack(expected)).abs().max() <= 1e-5
