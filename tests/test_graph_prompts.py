@@ -69,7 +69,7 @@ def test_a_mixed_batch_and_explicit_task_ids(folder):
     got, task = _graph_embed(model, strip, texts + [TEXTS[1]], task_ids=[-1, -1, config.tasks.index("clustering"), -1])
     expected = [
         model.encode([t[len(model.prompts[n]) :] if n != "clustering" else t], prompt_name=n, convert_to_tensor=True)[0]
-        for n, t in zip(names, texts)
+        for n, t in zip(names, texts, strict=True)
     ]
     expected.append(model.encode([TEXTS[1]], convert_to_tensor=True)[0])
     assert task.tolist() == [config.tasks.index(n) for n in names] + [config.tasks.index(config.default_task)]
