@@ -204,10 +204,16 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--output", required=True, help="folder for data, models, configs and logs")
     parser.add_argument("--results", default=None, help="folder of the score files (default: OUTPUT/results)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
-    parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"names from {','.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants",
+        default=None,
+        help=f"names from {','.join(VARIANTS)} (default: {','.join(DEFAULT_VARIANTS)}; with --report-only, all)",
+    )
     parser.add_argument("--tasks", default="all", help="suite tasks (evaluation.run names, or 'all')")
     parser.add_argument("--report-only", action="store_true", help="write the report from existing scores only")
     args = parser.parse_args(argv)
+    if args.variants is None:
+        args.variants = ",".join(VARIANTS if args.report_only else DEFAULT_VARIANTS)
     variants = [v for v in args.variants.split(",") if v]
     if not variants or set(variants) - set(VARIANTS):
         raise UsageError(f"--variants takes names from {','.join(VARIANTS)}, got {args.variants!r}")

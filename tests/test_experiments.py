@@ -282,3 +282,16 @@ def test_forgetting_report_splits_domains_and_pairs_with_the_untouched_model():
     assert "in-domain (avg)" in text and "held-out (avg)" in text
     assert "| full − untouched (no prompts) |" in text and "+3.00 ± 1.41" in text  # (2, 4) against one model
     assert "| full − ic |" in text and "+2.00 ± 1.41" in text
+
+
+def test_forgetting_report_only_reports_every_variant_with_results(tmp_path):
+    """A plain --report-only run reports the variants that only run through --variants (MoE, CoMoE) too."""
+    from evaluation.run import TASKS
+    from experiments.forgetting import main
+
+    results = tmp_path / "results"
+    results.mkdir()
+    for name, value in {"untouched": 50.0, "full-s0": 52.0, "moe+recipe-s0": 49.0}.items():
+        (results / f"{name}.json").write_text(json.dumps({task: {"main_score": value} for task in TASKS}))
+    text = main(["--output", str(tmp_path), "--report-only", "--seeds", "0"])
+    assert "| moe+recipe − untouched (no prompts) |" in text and "| full − untouched (no prompts) |" in text
