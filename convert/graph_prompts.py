@@ -47,11 +47,9 @@ class PromptInputs(nn.Module):
             table[index, : len(prefix)] = torch.tensor(prefix, dtype=torch.long)
         self.register_buffer("prefix_table", table, persistent=False)
         self.register_buffer("prefix_lengths", torch.tensor([len(p) for p in prefixes]), persistent=False)
-        default = config.tasks.index(config.default_task) if config.default_task is not None else -1
-        self.default_task = default
+        self.default_task = config.tasks.index(config.default_task) if config.default_task is not None else -1
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, task_ids: torch.Tensor | None = None):
-        batch = input_ids.shape[0]
         found = detect_task_ids(input_ids, self.config)  # the prefix the row starts with, -1: none
         chosen = found if task_ids is None else torch.where(task_ids >= 0, task_ids, found)
         chosen = torch.where(chosen >= 0, chosen, torch.full_like(chosen, self.default_task))
@@ -82,7 +80,7 @@ class PromptInputs(nn.Module):
         cut = (position[:, : ids.shape[1]] == self.max_length - 1) & (length > self.max_length)
         ids = torch.where(cut, torch.full_like(ids, self.sep_token_id), ids)
         task = torch.where(valid, chosen, torch.full_like(chosen, -1))
-        return ids, mask, task.expand(batch)
+        return ids, mask, task
 
 
 __all__ = ["PromptInputs"]

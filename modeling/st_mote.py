@@ -65,9 +65,11 @@ class MoteTransformer(Transformer):
         default = config.task_prefixes.get(config.default_task) if config.default_task else None
         return None if prompt is not None and prompt == default and text.startswith(prefixes) else prompt
 
-    def split_prefix(self, text: str) -> tuple[str | None, str]:
-        """`(task, rest)` for a text that starts with a task prefix (the longest that matches), else `(None, text)`."""
-        for name, prefix in sorted(self.auto_model.config.task_prefixes.items(), key=lambda item: -len(item[1])):
+    @staticmethod
+    def split_prefix(text: str, prefixes: list[tuple[str, str]]) -> tuple[str | None, str]:
+        """`(task, rest)` for a text that starts with one of `prefixes` (`(task, prefix)`, longest first), else
+        `(None, text)`."""
+        for name, prefix in prefixes:
             if text.startswith(prefix):
                 return name, text[len(prefix) :]
         return None, text
@@ -76,13 +78,14 @@ class MoteTransformer(Transformer):
         """`(texts, prompt, task ids)` with every task prefix taken off and turned into the row's expert
         (`prepend_task_prefix=False`); -1 leaves the row to the default task."""
         config = self.auto_model.config
-        prompt_task, rest = self.split_prefix(prompt) if prompt else (None, prompt)
+        prefixes = sorted(config.task_prefixes.items(), key=lambda item: -len(item[1]))
+        prompt_task, rest = self.split_prefix(prompt, prefixes) if prompt else (None, prompt)
         if prompt_task is not None and rest:  # a prompt that merely starts like a prefix is text
             prompt_task = None
         is_default = prompt_task is not None and prompt_task == config.default_task
         stripped, ids = [], []
         for text in texts:
-            row_task, body = self.split_prefix(text) if isinstance(text, str) else (None, text)
+            row_task, body = self.split_prefix(text, prefixes) if isinstance(text, str) else (None, text)
             chosen = task or (row_task if is_default and row_task else prompt_task) or row_task
             stripped.append(body)
             ids.append(config.task_index(chosen) if chosen else -1)
