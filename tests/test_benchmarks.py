@@ -3,7 +3,7 @@
 import sys
 
 import pytest
-from conftest import REPO, run_repo_script, tiny_moe_config
+from conftest import FIXTURE_DATA, REPO, run_repo_script, tiny_moe_config
 
 
 def test_flop_bound_for_minilm_shapes():
@@ -48,6 +48,16 @@ def test_onnx_benchmark_runs(capsys):
     rows = [line for line in out.splitlines() if line.startswith("| MoTE") or line.startswith("| MoE")]
     assert [row.split(" | ")[0] for row in rows] == ["| MoTE routed", "| MoTE --task query", "| MoE top-2 of 8"]
     assert all(row.count("|") == 7 and float(row.split("|")[-2]) > 0 for row in rows)
+
+
+@pytest.mark.slow
+def test_int8_settings_script_runs(capsys):
+    out = run_repo_script("benchmarks/int8_settings.py", "--data-dir", str(FIXTURE_DATA), "--texts", "4", capsys=capsys)
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| QInt8") or line.startswith("| QUInt8")]
+    assert len(rows) == 6
+    for row in rows:  # min and mean cosine of int8 to fp32 embeddings
+        low, mean = float(row[-2]), float(row[-1].rstrip(" |"))
+        assert 0.5 < low <= mean <= 1.0 + 1e-6
 
 
 @pytest.mark.slow

@@ -1,0 +1,94 @@
+"""Which onnxruntime dynamic-quantisation settings keep a routed MoTE graph close to its fp32 embeddings.
+
+    python benchmarks/int8_settings.py                    # MiniLM upcycled to MoTE, exported, then quantised
+    python benchmarks/int8_settings.py --texts 128
+
+The bundled MiniLM is upcycled to MoTE and exported routed (`convert/export_onnx.py`); each setting
+(weight type, per-channel, reduce_range, operators) is applied by `onnxruntime.quantization.quantize_dynamic`
+and scored by the cosine of each row's int8 embedding to the fp32 graph's, over STS-B dev sentences (half
+of them with the query prefix, so two experts are used). It prints min and mean cosine per setting; no
+timings (they belong in a benchmark that interleaves rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+from convert.export_onnx import main as export_onnx
+from convert.upcycle import main as upcycle
+from evaluation.data import DATA_DIR_HELP, data_dir, sts_pairs
+from moe_embed_cli import HelpFormatter, run_cli
+
+SETTINGS = [  # (weights, per_channel, reduce_range, operators)
+    ("QInt8", False, False, ["MatMul"]),
+    ("QInt8", True, False, ["MatMul"]),
+    ("QInt8", False, True, ["MatMul"]),
+    ("QInt8", False, False, ["MatMul", "Gather"]),
+    ("QUInt8", False, False, ["MatMul"]),
+    ("QInt8", True, False, ["MatMul", "Gather"]),
+]
+
+
+def embed(path: Path, feeds: list[dict]) -> np.ndarray:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.concatenate([session.run(["sentence_embedding"], feed)[0] for feed in feeds])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--texts", type=int, default=256, help="STS-B dev sentence pairs to embed")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    args = parser.parse_args(argv)
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from transformers import AutoTokenizer
+
+    pairs = sts_pairs(data_dir(args.data_dir) / "sts/stsb", ["dev.tsv"])
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        upcycle(["--output", str(work / "mote")])
+        export_onnx([str(work / "mote"), "--output", str(work / "onnx")])
+        tokenizer = AutoTokenizer.from_pretrained(str(work / "onnx"))
+        texts = pairs.sentences1[: args.texts] + ["search_query: " + text for text in pairs.sentences2[: args.texts]]
+        feeds = []
+        for start in range(0, len(texts), 64):
+            batch = tokenizer(texts[start : start + 64], padding=True, truncation=True, return_tensors="np")
+            feeds.append(
+                {
+                    "input_ids": batch["input_ids"].astype(np.int64),
+                    "attention_mask": batch["attention_mask"].astype(np.int64),
+                    "task_ids": np.full(len(batch["input_ids"]), -1, dtype=np.int64),
+                }
+            )
+        reference = embed(work / "onnx" / "model.onnx", feeds)
+        print("| weights | per-channel | reduce_range | ops | min cos | mean cos |\n|---|---|---|---|---:|---:|")
+        for weights, per_channel, reduce_range, operators in SETTINGS:
+            path = work / "int8.onnx"
+            quantize_dynamic(
+                str(work / "onnx" / "model.onnx"),
+                str(path),
+                weight_type=getattr(QuantType, weights),
+                per_channel=per_channel,
+                reduce_range=reduce_range,
+                op_types_to_quantize=operators,
+            )
+            got = embed(path, feeds)
+            cos = (got * reference).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
+            print(
+                f"| {weights} | {'yes' if per_channel else 'no'} | {'yes' if reduce_range else 'no'} | "
+                f"{', '.join(operators)} | {cos.min():.4f} | {cos.mean():.4f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    run_cli(main)
