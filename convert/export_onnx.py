@@ -1,23 +1,30 @@
-"""Export a MoTE, token-routed MoE or CoMoE folder to ONNX, with its pooling and normalisation in the graph.
+"""Export a MoTE, token-routed MoE or CoMoE folder to a portable ONNX folder that serving engines load.
 
     python convert/export_onnx.py models/mote-minilm --output models/mote-minilm-onnx                # routed
+    python convert/export_onnx.py models/mote-minilm --output models/mote-minilm-onnx --quantize int8
     python convert/export_onnx.py models/mote-minilm --task query --output models/minilm-query-onnx  # one task
     python convert/export_onnx.py models/moe-minilm --output models/moe-minilm-onnx
 
-The graph takes `input_ids` and `attention_mask` (int64, `(batch, seq)`, any batch size and length) and,
-for a routed MoTE graph, `task_ids` (int64, `(batch,)`: the expert of each row, or -1 to read the row's
-instruction prefix, then the folder's default task). It returns `token_embeddings` (the last hidden
-state), `sentence_embedding` (the folder's Sentence-Transformers pooling and normalisation applied),
-and for a routed MoTE graph `routed_task_ids`, the expert each row went to. MoTE routes inside the graph, by tensor
-ops: a batch may mix tasks, padding and lengths unlike the example it was traced on. A MoTE row that names
-no task in a folder without a default task cannot raise in a graph: its outputs are NaN and its routed
-task id -1. `--task` exports one task's experts as a plain graph at the dense model's cost.
+The folder follows the contract that Text Embeddings Inference's ONNX backend, fastembed, OpenVINO and
+onnxruntime with a tokenizer read (`docs/architecture.md`, "Serving contract"): `onnx/model.onnx` takes
+`input_ids`, `attention_mask` and `token_type_ids` (int64, `(batch, seq)`, any batch size and length) and
+returns `sentence_embedding` first (the folder's pooling and normalisation applied), then
+`token_embeddings`; `tokenizer.json`, `config.json`, `config_sentence_transformers.json` (prompts),
+`sentence_bert_config.json` and the pooling modules sit at the root. A MoTE graph does in the graph what
+`SentenceTransformer.encode` does to the text (`convert/graph_prompts.py`): the prompt a client puts in
+front of the text picks the expert (a text without one goes to the default task, with the default prompt
+put in front as `encode()` puts it), and the row is cut at the folder's `max_seq_length`. Its extra
+outputs are `token_attention_mask` (the mask of `token_embeddings`, whose rows may have gained or lost the
+prompt) and `routed_task_ids` (each row's expert; -1 and NaN embeddings where a folder without a default task
+gets a row without a prompt). `--task-ids-input` adds a `task_ids` input (`(batch,)`, -1: the prompt decides)
+for clients that route by id. `--task` exports one task's experts at the dense model's cost.
 
-The model is traced with this package's model code (whatever code the folder carries), by
-`torch.onnx.export(..., dynamo=True)`. The output folder holds `model.onnx`, the tokenizer,
-`onnx_config.json` (inputs, outputs, head modules, prompts, tasks) and a README; every export is checked
-against PyTorch on batches unlike the example (other task mixes, padding, lengths, batch size 1) and
-refused when any output differs by more than `--tolerance`.
+The model is traced with this package's model code by `torch.onnx.export(..., dynamo=True)`. Every export
+is checked on batches unlike the example: against the PyTorch graph (all outputs) and, tokenised by the
+written `tokenizer.json` alone as a client tokenises, against `SentenceTransformer.encode` with every
+prompt and none; it is refused when either differs by more than `--tolerance`. `--quantize int8` adds
+`onnx/model_qint8_avx512_vnni.onnx` (`convert/onnx_int8.py`) and refuses when a row's cosine to the fp32
+embedding falls below `--int8-min-cosine`; the README states the measured agreement.
 """
 
 from __future__ import annotations
@@ -34,58 +41,61 @@ if __package__ in (None, ""):  # run as `python convert/export_onnx.py`
 import torch
 from torch import nn
 
-from convert.checkpoint import (
-    atomic_output_dir,
-    copy_tokenizer_files,
-    load_tokenizer,
-    read_json,
-    write_json,
-)
-from convert.folders import EXPERT_MODELS, check_output, open_model_folder
+from convert.checkpoint import atomic_output_dir, read_json, write_json
+from convert.folders import EXPERT_MODELS, check_output, load_sentence_transformer, open_model_folder
+from convert.graph_prompts import PromptInputs, leading_specials
 from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("export_onnx")
 
+GRAPH_FILE = "onnx/model.onnx"
 CHECK_TEXTS = [
     "Isaac Newton formulated the laws of motion and universal gravitation.",
     "stocks fell",
     "A man is playing a guitar on a stage in front of a large and cheering crowd tonight.",
     "how do plants make energy?",
     "hi",
-    "The quick brown fox jumps over the lazy dog.",
+    " ".join(["The quick brown fox jumps over the lazy dog."] * 60),  # over every max_seq_length here
 ]
 
 
 class SentenceEmbeddingGraph(nn.Module):
-    """The model, then the folder's own Sentence-Transformers modules after it (`Pooling`, `Normalize`, ...):
-    `(input_ids, attention_mask[, task_ids]) -> (token_embeddings, sentence_embedding[, routed_task_ids])`."""
+    """The model behind `PromptInputs` (MoTE), then the folder's own Sentence-Transformers modules (`Pooling`,
+    `Normalize`, ...): `(input_ids, attention_mask, token_type_ids[, task_ids]) -> (sentence_embedding,
+    token_embeddings[, token_attention_mask, routed_task_ids])`."""
 
-    def __init__(self, model: nn.Module, head: list[nn.Module], task: str | None = None):
+    def __init__(self, model: nn.Module, head: list[nn.Module], task: str | None = None, prompts=None):
         super().__init__()
-        self.model, self.head, self.task = model, nn.ModuleList(head), task
-        self.routed = model.config.model_type == "mote_bert" and task is None
+        self.model, self.head, self.task, self.prompts = model, nn.ModuleList(head), task, prompts
+        self.routed = prompts is not None
+        self.task_index = model.config.tasks.index(task) if task else -1
         self.eval()  # an inference graph: no dropout, no aux losses
 
-    def forward(self, input_ids, attention_mask, task_ids=None):
-        kwargs = {"task": self.task} if self.task else {"task_ids": task_ids} if self.routed else {}
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    def forward(self, input_ids, attention_mask, token_type_ids=None, task_ids=None):
+        kwargs = {}
+        if self.routed:
+            if self.task:  # a one-task graph: every row is that task's, whatever prompt it starts with
+                task_ids = torch.full_like(input_ids[:, 0], self.task_index)
+            input_ids, attention_mask, task_ids = self.prompts(input_ids, attention_mask, task_ids)
+            kwargs = {"task": self.task} if self.task else {"task_ids": task_ids}
+            if token_type_ids is not None:  # one segment: the first column's type, over the new length
+                token_type_ids = token_type_ids[:, :1].expand_as(input_ids)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **kwargs)
         features = {"token_embeddings": out.last_hidden_state, "attention_mask": attention_mask}
         for module in self.head:
             features = module(features)
-        tokens, sentence = out.last_hidden_state, features["sentence_embedding"]
-        return (tokens, sentence, out.task_ids) if self.routed else (tokens, sentence)
+        outputs = (features["sentence_embedding"], out.last_hidden_state)
+        return outputs + (attention_mask, task_ids) if self.routed else outputs
 
 
-def st_head(folder: Path, hidden_size: int) -> list[nn.Module]:
-    """The Sentence-Transformers modules after the input module, loaded from the folder as
-    `SentenceTransformer` loads them (mean pooling when the folder has no `modules.json`)."""
-    from sentence_transformers.models import Pooling
-    from sentence_transformers.util import import_from_string
+def output_names(graph: SentenceEmbeddingGraph) -> list[str]:
+    extra = ["token_attention_mask", "routed_task_ids"] if graph.routed else []
+    return ["sentence_embedding", "token_embeddings", *extra]
 
-    if not (folder / "modules.json").is_file():
-        logger.warning("%s has no modules.json: mean pooling, no normalisation", folder)
-        return [Pooling(hidden_size)]
-    head = [import_from_string(e["type"]).load(str(folder / e["path"])) for e in read_json(folder / "modules.json")[1:]]
+
+def st_head(folder: Path, model) -> list[nn.Module]:
+    """The Sentence-Transformers modules after the input module, as `SentenceTransformer` loaded them."""
+    head = list(model)[1:]
     if any(getattr(module, "include_prompt", True) is False for module in head):
         raise UsageError(f"{folder} pools without the prompt tokens, which needs the prompt length: not exported")
     return head
@@ -104,31 +114,35 @@ def load_model(folder: Path, task: str | None = None) -> nn.Module:
     return model.eval()
 
 
-def example_inputs(graph: SentenceEmbeddingGraph, tokenizer, texts: list[str], task_ids: list[int] | None) -> tuple:
-    batch = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
-    inputs = (batch["input_ids"], batch["attention_mask"])
-    return inputs + (torch.tensor(task_ids),) if graph.routed else inputs
+def graph_inputs(tokenizer, texts: list[str], task_ids: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """A client's feed: the tokenizer's `input_ids`, `attention_mask` and (where it has them)
+    `token_type_ids`, plus `task_ids` when given."""
+    batch = tokenizer.encode_batch(texts)
+    inputs = {
+        "input_ids": torch.tensor([e.ids for e in batch]),
+        "attention_mask": torch.tensor([e.attention_mask for e in batch]),
+        "token_type_ids": torch.tensor([e.type_ids for e in batch]),
+    }
+    return inputs if task_ids is None else {**inputs, "task_ids": torch.tensor(task_ids)}
 
 
-def export_graph(graph: SentenceEmbeddingGraph, inputs: tuple, path: Path, opset: int | None) -> None:
-    """Trace `graph` on `inputs` with batch and sequence length left dynamic and write `path`."""
+def export_graph(graph: SentenceEmbeddingGraph, inputs: dict, path: Path, opset: int | None) -> None:
+    """Trace `graph` on `inputs` (a feed by name) with batch and sequence length dynamic and write `path`."""
     config = graph.model.config
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     seq = torch.export.Dim("sequence", min=1, max=config.max_position_embeddings - config.position_offset)
-    shapes = {"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}}
-    names = ["input_ids", "attention_mask"]
-    outputs = ["token_embeddings", "sentence_embedding"]
-    if graph.routed:
-        shapes["task_ids"], names, outputs = {0: batch}, [*names, "task_ids"], [*outputs, "routed_task_ids"]
+    shapes = {name: {0: batch} if name == "task_ids" else {0: batch, 1: seq} for name in inputs}
     for name in ("onnxscript", "onnx_ir"):  # their optimiser passes log every rewrite at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
     large = sum(p.numel() * p.element_size() for p in graph.parameters()) > 1.5 * 2**30  # protobuf's 2 GiB
+    path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         program = torch.onnx.export(
             graph,
-            inputs,
-            input_names=names,
-            output_names=outputs,
+            (),
+            kwargs=dict(inputs),
+            input_names=list(inputs),
+            output_names=output_names(graph),
             dynamic_shapes=shapes,
             dynamo=True,
             opset_version=opset,
@@ -137,108 +151,192 @@ def export_graph(graph: SentenceEmbeddingGraph, inputs: tuple, path: Path, opset
     program.save(str(path), external_data=large)
 
 
-def check_graph(path: Path, graph: SentenceEmbeddingGraph, batches: list[tuple]) -> float:
-    """Largest |ONNX Runtime - PyTorch| over `batches`, on real tokens and sentence embeddings (NaN rows
-    must be NaN in both)."""
-    import numpy as np
+def session(path: Path):
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
-    worst = 0.0
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def run_graph(path_or_session, inputs: dict) -> list:
+    """The graph's outputs for a feed by name (numpy arrays)."""
+    runner = session(path_or_session) if isinstance(path_or_session, Path) else path_or_session
+    names = {i.name for i in runner.get_inputs()}
+    return runner.run(None, {name: value.numpy() for name, value in inputs.items() if name in names})
+
+
+def max_difference(got, expected, rows=None) -> float:
+    """Largest |got - expected| (NaN must be NaN in both: else inf); `rows` masks the compared entries."""
+    import numpy as np
+
+    got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    if rows is not None:
+        got, expected = got[rows], expected[rows]
+    if not np.array_equal(np.isnan(got), np.isnan(expected)):
+        return float("inf")
+    diff = np.abs(np.nan_to_num(got) - np.nan_to_num(expected))
+    return float(diff.max()) if diff.size else 0.0
+
+
+def check_against_torch(path: Path, graph: SentenceEmbeddingGraph, batches: list[dict]) -> float:
+    """Largest |ONNX Runtime - PyTorch graph| over `batches`, every output (token states where real)."""
+    runner, worst = session(path), 0.0
     for inputs in batches:
-        got = session.run(None, {name: tensor.numpy() for name, tensor in zip(names, inputs, strict=True)})
+        got = run_graph(runner, inputs)
         with torch.no_grad():
-            expected = [t.numpy() for t in graph(*inputs)]
-        real = inputs[1].bool().numpy()
-        pairs = [(got[0][real], expected[0][real]), (got[1], expected[1])]
-        if graph.routed:
-            pairs.append((got[2].astype(np.float64), expected[2].astype(np.float64)))
-        for a, b in pairs:
-            if not np.array_equal(np.isnan(a), np.isnan(b)):
-                return float("inf")
-            diff = np.abs(np.nan_to_num(a) - np.nan_to_num(b))
-            worst = max(worst, float(diff.max()) if diff.size else 0.0)
+            expected = [t.numpy() for t in graph(**inputs)]
+        mask = (expected[2] if graph.routed else inputs["attention_mask"].numpy()).astype(bool)
+        worst = max(worst, max_difference(got[1], expected[1], mask))
+        worst = max(worst, *(max_difference(a, b) for a, b in zip(got[:1] + got[2:], expected[:1] + expected[2:])))
     return worst
 
 
-def check_batches(graph: SentenceEmbeddingGraph, tokenizer) -> list[tuple]:
-    """Batches unlike the example: every task mixed with prefixes, explicit ids and none; batch size 1."""
-    config = graph.model.config
-    if not graph.routed:
-        return [example_inputs(graph, tokenizer, CHECK_TEXTS, None), example_inputs(graph, tokenizer, ["a"], None)]
-    prefixes = [config.task_prefixes[t] for t in config.tasks]
-    texts = [prefixes[i % len(prefixes)] + t for i, t in enumerate(reversed(CHECK_TEXTS))]
-    ids = [-1] * len(texts)
-    ids[1], ids[2] = 0, config.num_tasks - 1  # explicit ids beat the prefix
-    texts.append(CHECK_TEXTS[0])  # no prefix: the default task (NaN in a strict folder)
-    ids.append(-1)
-    single = [prefixes[-1] + "a"]
-    return [example_inputs(graph, tokenizer, texts, ids), example_inputs(graph, tokenizer, single, [-1])]
+def check_against_encode(path: Path, model, tokenizer, task: str | None) -> float:
+    """Largest |graph - `model.encode`| over texts sent as a client sends them (tokenised by `tokenizer`,
+    the folder's `tokenizer.json`): without a prompt and with each prompt, and a mixed batch."""
+    runner, worst = session(path), 0.0
+    config = model[0].auto_model.config
+    prompts = dict(model.prompts or {})
+    cases = [(None, "")] if task or getattr(config, "default_task", True) is not None else []  # strict: no
+    for name, prompt in prompts.items():  # a one-task graph is sent its own task's prompt or none
+        if not task or config.tasks[config.task_index(name)] == task:
+            cases.append((name, prompt))
+    for name, prompt in cases:
+        got = run_graph(runner, graph_inputs(tokenizer, [prompt + text for text in CHECK_TEXTS]))[0]
+        kwargs = {"prompt_name": name} if name else {}
+        if task:
+            kwargs["task"] = task
+        worst = max(worst, max_difference(got, model.encode(CHECK_TEXTS, **kwargs)))
+    return worst
 
 
 def export(args) -> Path:
     """Write the ONNX folder `args` describes; returns its path."""
+    from convert.onnx_folder import write_folder_files
+
     if (Path(args.model_dir) / "aea_config.json").is_file():
         raise UsageError(
             f"{args.model_dir} is an AEA folder: its per-token expert budgets are set by hooks at run time, which "
             "a static graph cannot hold; export the MoE model it was calibrated from"
         )
     opened = open_model_folder(args.model_dir, EXPERT_MODELS)
-    folder, config, model_type = opened.path, opened.config, opened.model_type
+    folder, model_type = opened.path, opened.model_type
     if args.task and model_type != "mote_bert":
         raise UsageError("--task applies to MoTE folders; a token-routed model has no task experts")
+    if args.task_ids_input and (model_type != "mote_bert" or args.task):
+        raise UsageError("--task-ids-input applies to routed MoTE graphs (a MoTE folder without --task)")
     if args.opset is not None and not 18 <= args.opset <= 23:
         raise UsageError(f"--opset must lie in 18..23 (the dynamo exporter's range), got {args.opset}")
+    if not 0 < args.int8_min_cosine <= 1:
+        raise UsageError(f"--int8-min-cosine must lie in (0, 1], got {args.int8_min_cosine}")
     output = check_output(args.output, (folder,), args.overwrite)
-    head = st_head(folder, config["hidden_size"])
-    tokenizer = load_tokenizer(folder, trust_remote_code=True)
+    st = load_sentence_transformer(folder, trust_remote_code=True, device="cpu")
+    head = st_head(folder, st)
     try:
         model = load_model(folder, args.task)
         task = model.config.tasks[model.config.task_index(args.task)] if args.task else None
     except ValueError as error:  # unknown task: the message lists the valid ones
         raise UsageError(str(error)) from None
-    graph = SentenceEmbeddingGraph(model, head, task)
-    config = model.config
-    if graph.routed:  # two tasks: one read from the prefix, one named by id
-        texts, ids = [config.task_prefixes[config.tasks[0]] + "an example", "two"], [-1, config.num_tasks - 1]
-    else:
-        texts, ids = ["an example", "two"], None
-    example = example_inputs(graph, tokenizer, texts, ids)
+    prompts = None
+    if model_type == "mote_bert":
+        config, tokenizer = model.config, st[0].tokenizer
+        prompts = PromptInputs(
+            config,
+            leading_specials(config, tokenizer),
+            st.max_seq_length,
+            tokenizer.sep_token_id,
+            tokenizer.pad_token_id,
+            strip=not getattr(st[0], "prepend_task_prefix", True),
+        )
+    graph = SentenceEmbeddingGraph(model, head, task, prompts)
+    input_length = st.max_seq_length + (prompts.longest if prompts is not None else 0)
     with atomic_output_dir(output, args.overwrite) as tmp:
+        client = write_folder_files(folder, tmp, st, input_length)  # the tokenizer a client loads
+        example_task_ids = [-1, model.config.num_tasks - 1] if args.task_ids_input else None
+        first = next(iter((st.prompts or {}).values()), "")
+        example = graph_inputs(client, [first + "an example", "two"], example_task_ids)
+        if "token_type_ids" not in st[0].tokenizer.model_input_names:
+            example.pop("token_type_ids")
         start = time.perf_counter()
         logger.info("tracing and exporting %s (one pass, 20-60 s on 2 CPU cores)", folder)
-        export_graph(graph, example, tmp / "model.onnx", args.opset)
+        export_graph(graph, example, tmp / GRAPH_FILE, args.opset)
         logger.info("exported in %.1f s", time.perf_counter() - start)
-        logger.info("checking the graph against PyTorch with onnxruntime")
-        worst = check_graph(tmp / "model.onnx", graph, check_batches(graph, tokenizer))
-        logger.info("max |onnxruntime - torch| on batches unlike the example: %.2e", worst)
-        if not worst <= args.tolerance:
-            raise UsageError(f"the graph differs from PyTorch by {worst:.2e} > --tolerance {args.tolerance:g}")
-        copy_tokenizer_files(folder, tmp)
-        write_json(tmp / "onnx_config.json", onnx_config(folder, graph, tokenizer, args.opset))
-        (tmp / "README.md").write_text(usage(folder, graph, tokenizer))
+        worst = check_export(tmp / GRAPH_FILE, graph, st, client, example, args)
+        agreement = quantize_checked(tmp, st, client, args) if args.quantize else None
+        info = onnx_config(graph, st, example, input_length, args, worst, agreement)
+        write_json(tmp / "onnx_config.json", info)
+        (tmp / "README.md").write_text(usage(folder, info))
     print(f"wrote {output} (max |onnxruntime - torch| {worst:.1e})")
     return output
 
 
-def onnx_config(folder: Path, graph: SentenceEmbeddingGraph, tokenizer, opset: int | None) -> dict:
-    """What a runtime needs besides the graph: inputs, outputs, pooling, prompts and tasks."""
+def check_export(path: Path, graph: SentenceEmbeddingGraph, st, client, example: dict, args) -> float:
+    """Refuse the graph unless it matches the PyTorch graph and `encode` within `--tolerance`."""
+    batches = [graph_inputs(client, CHECK_TEXTS), graph_inputs(client, ["a"])]
+    if graph.routed and not graph.task:  # every task's prompt in one batch, in another order than the example
+        config = graph.model.config
+        texts = [config.task_prefixes[t] + text for t, text in zip(config.tasks * 2, reversed(CHECK_TEXTS))]
+        batches.append(graph_inputs(client, texts))
+    if "task_ids" in example:  # explicit ids beat the prompt
+        batches = [{**b, "task_ids": torch.arange(len(b["input_ids"])) % 3 - 1} for b in batches]
+    batches = [{name: value for name, value in b.items() if name in example} for b in batches]
+    logger.info("checking the graph against PyTorch and SentenceTransformer.encode with onnxruntime")
+    worst = check_against_torch(path, graph, batches)
+    encoded = check_against_encode(path, st, client, graph.task)
+    logger.info("max |onnxruntime - torch| %.2e; max |onnxruntime - encode| %.2e", worst, encoded)
+    if not max(worst, encoded) <= args.tolerance:
+        raise UsageError(
+            f"the graph differs from PyTorch by {max(worst, encoded):.2e} > --tolerance {args.tolerance:g}"
+        )
+    return max(worst, encoded)
+
+
+def quantize_checked(folder: Path, st, client, args) -> dict:
+    """Write the int8 graph beside the fp32 one; refuse when a row's cosine to fp32 is below the bound."""
+    import numpy as np
+
+    from convert.onnx_int8 import INT8_FILE, agreement_texts, quantize, row_cosines
+
+    int8 = folder / "onnx" / INT8_FILE
+    logger.info("quantising to int8 (%s)", int8.name)
+    quantize(folder / GRAPH_FILE, int8)
+    texts = agreement_texts(st.prompts or {})
+    fp32_session, int8_session = session(folder / GRAPH_FILE), session(int8)
+    fp32, quantized = [], []
+    for start in range(0, len(texts), 32):
+        feed = graph_inputs(client, texts[start : start + 32])
+        fp32.append(run_graph(fp32_session, feed)[0])
+        quantized.append(run_graph(int8_session, feed)[0])
+    cos = row_cosines(np.concatenate(quantized), np.concatenate(fp32))
+    agreement = {"file": f"onnx/{INT8_FILE}", "texts": len(texts), "min_cosine": round(float(cos.min()), 4)}
+    agreement["mean_cosine"] = round(float(cos.mean()), 4)
+    logger.info("int8 against fp32 over %d texts: cosine min %.4f, mean %.4f", len(texts), cos.min(), cos.mean())
+    if not cos.min() >= args.int8_min_cosine:
+        raise UsageError(
+            f"the int8 graph's cosine to fp32 falls to {cos.min():.4f} < --int8-min-cosine {args.int8_min_cosine:g} "
+            f"(mean {cos.mean():.4f}); export without --quantize or accept a lower bound"
+        )
+    return agreement
+
+
+def onnx_config(graph, st, example: dict, input_length: int, args, worst: float, agreement) -> dict:
+    """What a runtime needs besides the graph: inputs, outputs, lengths, prompts, tasks, int8 agreement."""
     import onnxruntime
 
     config = graph.model.config
-    st_path = folder / "config_sentence_transformers.json"
-    st_config = read_json(st_path) if st_path.is_file() else {}
     result = {
         "source_model_type": config.model_type,
-        "inputs": ["input_ids", "attention_mask", *(["task_ids"] if graph.routed else [])],
-        "outputs": ["token_embeddings", "sentence_embedding", *(["routed_task_ids"] if graph.routed else [])],
+        "graph": GRAPH_FILE,
+        "inputs": list(example),
+        "outputs": output_names(graph),
         "sentence_transformers_modules": [type(module).__name__ for module in graph.head],
-        "max_length": config.max_position_embeddings - config.position_offset,
-        "pad_token_id": tokenizer.pad_token_id,
-        "prompts": st_config.get("prompts") or {},
-        "default_prompt_name": st_config.get("default_prompt_name"),
-        "opset": opset,
+        "dimension": int(graph(**example)[0].shape[1]),
+        "max_seq_length": st.max_seq_length,
+        "input_length": input_length,
+        "prompts": dict(st.prompts or {}),
+        "default_prompt_name": st.default_prompt_name,
+        "max_abs_difference": float(f"{worst:.3g}"),
+        "int8": agreement,
+        "opset": args.opset,
         "versions": {"torch": torch.__version__.split("+")[0], "onnxruntime": onnxruntime.__version__},
     }
     if config.model_type == "mote_bert":
@@ -251,39 +349,11 @@ def onnx_config(folder: Path, graph: SentenceEmbeddingGraph, tokenizer, opset: i
     return result
 
 
-def usage(folder: Path, graph: SentenceEmbeddingGraph, tokenizer) -> str:
-    """The README of the ONNX folder: how to embed with onnxruntime and tokenizers alone."""
-    feeds = '{"input_ids": input_ids, "attention_mask": attention_mask}'
-    routing = ""
-    if graph.routed:
-        feeds = feeds[:-1] + ', "task_ids": np.full(len(texts), -1)}'
-        routing = "Each row's expert comes from `task_ids` (-1: read the text's prefix, then the default task).\n"
-    prefix = ""
-    if graph.task or graph.routed:
-        task = graph.task or graph.model.config.default_task or graph.model.config.tasks[0]
-        prefix = graph.model.config.task_prefixes[task]
-    return f"""# ONNX export of `{folder.name}`
+def usage(folder: Path, info: dict) -> str:
+    """The README of the ONNX folder."""
+    from convert.onnx_folder import usage_card
 
-Made by moe-embed's `convert/export_onnx.py`; `onnx_config.json` lists the inputs, outputs, the
-Sentence-Transformers modules in the graph ({", ".join(type(m).__name__ for m in graph.head)}) and prompts. Put a task's
-prefix in front of each text.
-{routing}
-```python
-import numpy as np
-import onnxruntime
-from tokenizers import Tokenizer
-
-tokenizer = Tokenizer.from_file("tokenizer.json")
-tokenizer.enable_padding(pad_id={tokenizer.pad_token_id}, pad_token="{tokenizer.pad_token}")
-tokenizer.enable_truncation({graph.model.config.max_position_embeddings - graph.model.config.position_offset})
-session = onnxruntime.InferenceSession("model.onnx")
-texts = ["{prefix}who was isaac newton?"]
-encodings = tokenizer.encode_batch(texts)
-input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
-attention_mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-embeddings = session.run(["sentence_embedding"], {feeds})[0]
-```
-"""
+    return usage_card(folder.name, info)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -292,9 +362,21 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     parser.add_argument("model_dir", help="MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder")
-    parser.add_argument("--output", required=True, help="folder to write (model.onnx, tokenizer, onnx_config.json)")
+    parser.add_argument("--output", required=True, help="folder to write (onnx/model.onnx, tokenizer, configs, README)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     parser.add_argument("--task", default=None, help="MoTE: export only this task's experts, as a plain graph")
+    parser.add_argument(
+        "--task-ids-input", action="store_true", help="MoTE: add a task_ids input (-1: the prompt decides)"
+    )
+    parser.add_argument(
+        "--quantize", choices=["int8"], default=None, help="also write onnx/model_qint8_avx512_vnni.onnx"
+    )
+    parser.add_argument(
+        "--int8-min-cosine",
+        type=float,
+        default=None,
+        help="refuse the int8 graph when a row's cosine to fp32 is below this (default: 0.98)",
+    )
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset, 18..23 (default: the exporter's)")
     parser.add_argument(
         "--tolerance", type=float, default=1e-4, help="largest |onnxruntime - torch| accepted (default: 1e-4)"
@@ -303,7 +385,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    return export(build_parser().parse_args(argv))
+    from convert.onnx_int8 import DEFAULT_MIN_COSINE
+
+    args = build_parser().parse_args(argv)
+    if args.int8_min_cosine is None:
+        args.int8_min_cosine = DEFAULT_MIN_COSINE
+    return export(args)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,13 @@ from torch import nn
 from modeling.modeling_mote import detect_task_ids
 
 
+def leading_specials(config, tokenizer) -> int:
+    """How many special tokens (`[CLS]`) a tokenised text starts with before its prompt."""
+    task = config.tasks[0]
+    prompt = tokenizer(config.task_prefixes[task], add_special_tokens=False)["input_ids"]
+    return len(config.task_prefix_ids[task]) - len(prompt)
+
+
 class PromptInputs(nn.Module):
     """`(input_ids, attention_mask[, task_ids]) -> (input_ids, attention_mask, task_ids)` as the encoder must
     see them (see the module docstring); `task_ids` -1 where no task resolves (a strict folder)."""
@@ -83,4 +90,4 @@ class PromptInputs(nn.Module):
         return ids, mask, task
 
 
-__all__ = ["PromptInputs"]
+__all__ = ["PromptInputs", "leading_specials"]

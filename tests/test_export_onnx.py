@@ -1,4 +1,5 @@
-"""convert/export_onnx.py: graphs that route like the PyTorch model on batches unlike their example input."""
+"""convert/export_onnx.py: portable ONNX folders whose graphs route and embed as the PyTorch model does, fed as
+a client feeds them (the folder's `tokenizer.json` alone), on batches unlike their example input."""
 
 import json
 import shutil
@@ -8,94 +9,101 @@ import numpy as np
 import onnxruntime
 import pytest
 import torch
-from conftest import TEXTS, read_json, run_isolated, run_main, save_trained_copy, tiny_family_model, tiny_mote_config
+from conftest import TEXTS, client_feed, read_json, run_isolated, run_main, tiny_family_model, tiny_mote_config
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.models import Pooling
 
 from convert.export_onnx import SentenceEmbeddingGraph, export_graph
 from convert.export_onnx import main as export_main
+from convert.graph_prompts import PromptInputs
+
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # over the 256 tokens of max_seq_length
 
 
 def export(capsys, *args) -> tuple[int, str]:
     return run_main(export_main, *args, capsys=capsys)
 
 
-def run(folder: Path, feeds: dict) -> list[np.ndarray]:
-    session = onnxruntime.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    return session.run(None, {name: np.asarray(value, dtype=np.int64) for name, value in feeds.items()})
+def run(folder: Path, feeds: dict, file: str = "onnx/model.onnx") -> list[np.ndarray]:
+    session = onnxruntime.InferenceSession(str(folder / file), providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    return session.run(None, {k: np.asarray(v, dtype=np.int64) for k, v in feeds.items() if k in names})
 
 
-def tokens(tokenizer, texts):
-    batch = tokenizer(texts, padding=True, return_tensors="np")
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-
-
-@pytest.fixture(scope="module")
-def trained_mote(mote_dir, tmp_path_factory):
-    """A MoTE folder whose experts differ, so that a graph frozen to one expert would be caught."""
-    folder = tmp_path_factory.mktemp("onnx") / "trained-mote"
-    save_trained_copy(mote_dir, folder, seed=5)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def mote_graph(trained_mote, tmp_path_factory):
-    out = tmp_path_factory.mktemp("onnx") / "mote-onnx"
-    assert export_main([str(trained_mote), "--output", str(out)]) == out
-    return out
-
-
-def test_routed_mote_graph_matches_sentence_transformers(trained_mote, mote_graph, tokenizer):
+def test_routed_mote_folder_is_the_portable_contract(trained_mote, mote_onnx):
+    session = onnxruntime.InferenceSession(str(mote_onnx / "onnx" / "model.onnx"))
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert [o.name for o in session.get_outputs()][:2] == ["sentence_embedding", "token_embeddings"]
     st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
-    assert [i.name for i in onnxruntime.InferenceSession(str(mote_graph / "model.onnx")).get_inputs()] == [
-        "input_ids",
-        "attention_mask",
-        "task_ids",
-    ]
-    # four tasks mixed in one padded batch of another size and length than the example, routed by prefix
-    tasks = ["clustering", "query", "document", "classification", "query"]
-    texts = [st.prompts[t] + text for t, text in zip(tasks, TEXTS + TEXTS[:2], strict=True)]
-    feeds = {**tokens(tokenizer, texts), "task_ids": [-1] * len(texts)}
-    token_embeddings, sentence, routed = run(mote_graph, feeds)
-    assert routed.tolist() == [st[0].auto_model.config.tasks.index(t) for t in tasks]
-    expected = st.encode(texts, convert_to_tensor=True)  # pre-prefixed texts are routed by their prefix
-    assert np.abs(sentence - expected.numpy()).max() <= 1e-4
-    # task_ids beat the prefix, and a text without a prefix goes to the default task (classification)
-    feeds = {**tokens(tokenizer, [texts[0], TEXTS[1]]), "task_ids": [1, -1]}
-    _, sentence, routed = run(mote_graph, feeds)
-    assert routed.tolist() == [1, 2]
-    model = st[0].auto_model
-    with torch.no_grad():
-        reference = model(**tokenizer([texts[0], TEXTS[1]], padding=True, return_tensors="pt"), task_ids=[1, 2])
-    mask = torch.tensor(feeds["attention_mask"]).unsqueeze(-1)
-    pooled = torch.nn.functional.normalize((reference.last_hidden_state * mask).sum(1) / mask.sum(1), dim=1)
-    assert np.abs(sentence - pooled.numpy()).max() <= 1e-4
+    # one length everywhere: what a client truncates at is the folder's max_seq_length plus the longest prefix
+    longest = max(len(st.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in st.prompts.values())
+    expected_length = st.max_seq_length + longest
+    assert read_json(mote_onnx / "sentence_bert_config.json")["max_seq_length"] == expected_length
+    assert read_json(mote_onnx / "tokenizer_config.json")["model_max_length"] == expected_length
+    tokenizer = json.loads((mote_onnx / "tokenizer.json").read_text())
+    assert tokenizer["truncation"]["max_length"] == expected_length
+    assert tokenizer["padding"]["strategy"] == "BatchLongest"
+    assert read_json(mote_onnx / "config_sentence_transformers.json")["prompts"] == st.prompts
+    for name in ("config.json", "special_tokens_map.json", "modules.json", "1_Pooling/config.json"):
+        assert (mote_onnx / name).is_file(), name
+
+
+def test_routed_mote_graph_embeds_as_encode_for_every_prompt_and_none(trained_mote, mote_onnx):
+    st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
+    tasks = st[0].auto_model.config.tasks
+    # every task mixed in one padded batch, a long text, and texts without a prompt (the default task, with
+    # the default prompt put in front as encode() puts it)
+    names = ["clustering", "query", "document", "classification", "query", None, None, "document"]
+    texts = [TEXTS[i % len(TEXTS)] for i in range(5)] + ["hi", LONG, LONG]
+    sent = [(st.prompts[n] if n else "") + t for n, t in zip(names, texts, strict=True)]
+    sentence, tokens, mask, routed = run(mote_onnx, client_feed(mote_onnx, sent))
+    default = st[0].auto_model.config.default_task
+    assert routed.tolist() == [tasks.index(n or default) for n in names]
+    expected = np.stack([st.encode([t], prompt_name=n)[0] for n, t in zip(names, texts, strict=True)])
+    assert np.abs(sentence - expected).max() <= 1e-4
+    # the token states come with their own mask: the rows gained the default prompt or were cut to max_seq_length
+    assert mask.shape == tokens.shape[:2] and mask.sum(1).max() == st.max_seq_length
     # a frozen graph would give every row the example's expert: the experts really differ here
-    other = st.encode([texts[0]], task="query", prompt=st.prompts["clustering"], convert_to_tensor=True)
-    assert (other[0] - expected[0]).abs().max() > 1e-3
+    other = st.encode([texts[1]], prompt_name="clustering")
+    assert np.abs(other[0] - expected[1]).max() > 1e-3
 
 
-def test_task_export_is_a_plain_graph(trained_mote, tmp_path, tokenizer, capsys):
+def test_task_export_is_a_plain_graph(trained_mote, tmp_path, capsys):
     out = tmp_path / "query-onnx"
     code, err = export(capsys, str(trained_mote), "--task", "passage", "--output", str(out))
     assert code == 0, err
     config = read_json(out / "onnx_config.json")
-    assert config["inputs"] == ["input_ids", "attention_mask"] and config["exported_task"] == "document"
+    assert config["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert config["exported_task"] == "document"
     st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
-    _, sentence = run(out, tokens(tokenizer, ["search_document: " + t for t in TEXTS]))
-    expected = st.encode_document(TEXTS, convert_to_tensor=True)
-    assert np.abs(sentence - expected.numpy()).max() <= 1e-4
+    expected = st.encode_document(TEXTS, convert_to_numpy=True)
+    for prompt in ("search_document: ", ""):  # its own prompt or none: the same embedding
+        sentence = run(out, client_feed(out, [prompt + t for t in TEXTS]))[0]
+        assert np.abs(sentence - expected).max() <= 1e-4
 
 
-def test_onnx_folder_embeds_without_torch(mote_graph):
-    """The README's snippet, run where torch cannot be imported, gives the graph's embeddings."""
-    readme = (mote_graph / "README.md").read_text()
+def test_onnx_folder_readme_embeds_without_torch(trained_mote, mote_onnx):
+    """The README's snippet, run where torch cannot be imported, gives `encode`'s embedding of its text."""
+    readme = (mote_onnx / "README.md").read_text()
     snippet = readme.split("```python\n")[1].split("```")[0]
     code = "import sys, os, json\nsys.modules['torch'] = None\nos.chdir(sys.argv[1])\n"
-    code += snippet + "print(json.dumps(embeddings.tolist()))\n"
-    got = np.array(json.loads(run_isolated(code, str(mote_graph)).splitlines()[-1]))
-    assert got.shape == (1, 384) and np.isfinite(got).all()
-    assert abs(np.linalg.norm(got) - 1.0) < 1e-4  # normalised in the graph, as the folder's Normalize module does
+    code += snippet + "print(json.dumps({'texts': texts, 'embeddings': embeddings.tolist()}))\n"
+    out = json.loads(run_isolated(code, str(mote_onnx)).splitlines()[-1])
+    st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
+    assert np.abs(np.array(out["embeddings"]) - st.encode(out["texts"])).max() <= 1e-4
+
+
+def test_int8_graph_agrees_with_fp32_as_its_card_states(trained_mote, mote_onnx):
+    from convert.onnx_int8 import agreement_texts, row_cosines
+
+    config = read_json(mote_onnx / "onnx_config.json")
+    assert config["int8"]["file"] == "onnx/model_qint8_avx512_vnni.onnx"
+    assert f"{config['int8']['min_cosine']:.4f}" in (mote_onnx / "README.md").read_text()
+    st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
+    texts = agreement_texts(st.prompts)[::5]
+    int8 = run(mote_onnx, client_feed(mote_onnx, texts), config["int8"]["file"])[0]
+    cos = row_cosines(int8, np.stack([st.encode([t])[0] for t in texts]))
+    assert cos.min() >= config["int8"]["min_cosine"] - 1e-3 >= 0.95 - 1e-3
 
 
 @pytest.mark.parametrize("implementation", ["eager", "grouped_mm", "batched_mm"])
@@ -103,31 +111,31 @@ def test_moe_graph_keeps_padding_and_routing(implementation, tmp_path):
     """Traced on an unpadded batch, the graph still masks padding and routes every token of other batches."""
     model = tiny_family_model("moe_bert", experts_implementation=implementation).eval()
     graph = SentenceEmbeddingGraph(model, [Pooling(model.config.hidden_size)])
-    export_graph(
-        graph, (torch.randint(5, 120, (2, 7)), torch.ones(2, 7, dtype=torch.long)), tmp_path / "model.onnx", None
-    )
+    example = {"input_ids": torch.randint(5, 120, (2, 7)), "attention_mask": torch.ones(2, 7, dtype=torch.long)}
+    export_graph(graph, example, tmp_path / "onnx" / "model.onnx", None)
     ids = torch.randint(5, 120, (3, 11))
     mask = torch.tensor([[1] * 11, [1] * 4 + [0] * 7, [1] * 9 + [0] * 2])
     got = run(tmp_path, {"input_ids": ids, "attention_mask": mask})
     with torch.no_grad():
         expected = graph(ids, mask)
     real = mask.bool().numpy()
-    assert np.abs(got[0][real] - expected[0].numpy()[real]).max() <= 1e-4
-    assert np.abs(got[1] - expected[1].numpy()).max() <= 1e-4
+    assert np.abs(got[0] - expected[0].numpy()).max() <= 1e-4
+    assert np.abs(got[1][real] - expected[1].numpy()[real]).max() <= 1e-4
 
 
-def test_strict_mote_graph_marks_unrouted_rows_nan(tmp_path):
+def test_task_ids_input_and_strict_mote_graph_marks_unrouted_rows_nan(tmp_path):
     from modeling.modeling_mote import MoteBertModel
 
     model = MoteBertModel(tiny_mote_config()).eval()  # no default task
-    graph = SentenceEmbeddingGraph(model, [Pooling(model.config.hidden_size)])
+    prompts = PromptInputs(model.config, 1, 16, sep_token_id=102, pad_token_id=0, strip=False)
+    graph = SentenceEmbeddingGraph(model, [Pooling(model.config.hidden_size)], prompts=prompts)
     prefixed = [101, 3945, 1035, 23032, 1024, 2040, 102]  # [CLS] search_query: who [SEP]
-    example = (torch.tensor([prefixed, prefixed]), torch.ones(2, 7, dtype=torch.long), torch.tensor([-1, 3]))
-    export_graph(graph, example, tmp_path / "model.onnx", None)
+    example = {"input_ids": torch.tensor([prefixed, prefixed]), "attention_mask": torch.ones(2, 7, dtype=torch.long)}
+    export_graph(graph, {**example, "task_ids": torch.tensor([-1, 3])}, tmp_path / "onnx" / "model.onnx", None)
     ids = torch.tensor([prefixed, [101, 2040, 2003, 2009, 102, 0, 0], prefixed])
     mask = (ids != 0).long()
-    _, sentence, routed = run(tmp_path, {"input_ids": ids, "attention_mask": mask, "task_ids": [-1, -1, 2]})
-    assert routed.tolist() == [0, -1, 2]
+    sentence, _, _, routed = run(tmp_path, {"input_ids": ids, "attention_mask": mask, "task_ids": [-1, -1, 2]})
+    assert routed.tolist() == [0, -1, 2]  # the prefix, nothing (no default task), the id over the prefix
     assert np.isnan(sentence[1]).all() and np.isfinite(sentence[[0, 2]]).all()
     with torch.no_grad():
         expected = model(input_ids=ids[[0, 2]], attention_mask=mask[[0, 2]], task_ids=[0, 2]).last_hidden_state
@@ -136,14 +144,14 @@ def test_strict_mote_graph_marks_unrouted_rows_nan(tmp_path):
 
 
 @pytest.mark.slow
-def test_moe_and_comoe_folders_export(moe_dir, comoe_dir, tmp_path, tokenizer, capsys):
-    for folder in (moe_dir, comoe_dir):
-        out = tmp_path / Path(folder).name
-        code, err = export(capsys, folder, "--output", str(out), "--opset", "18")
-        assert code == 0, err
-        st = SentenceTransformer(folder, trust_remote_code=True)
-        _, sentence = run(out, tokens(tokenizer, TEXTS))
-        assert np.abs(sentence - st.encode(TEXTS)).max() <= 1e-4
+@pytest.mark.parametrize("family", ["moe", "comoe"])
+def test_moe_and_comoe_folders_embed_as_encode(family, moe_dir, comoe_dir, moe_onnx, comoe_onnx):
+    folder, out = {"moe": (moe_dir, moe_onnx), "comoe": (comoe_dir, comoe_onnx)}[family]
+    st = SentenceTransformer(folder, trust_remote_code=True)
+    texts = [st.prompts["query"] + TEXTS[0], *TEXTS[1:], LONG]
+    sentence = run(out, client_feed(out, texts))[0]
+    assert np.abs(sentence - st.encode(texts)).max() <= 1e-4
+    assert read_json(out / "onnx_config.json")["int8"]["min_cosine"] >= 0.98
 
 
 @pytest.mark.parametrize(
@@ -156,6 +164,8 @@ def test_moe_and_comoe_folders_export(moe_dir, comoe_dir, tmp_path, tokenizer, c
         ("aea", "is an AEA folder"),
         ("exists", "already exists; pass --overwrite"),
         ("prompt-excluded", "pools without the prompt tokens"),
+        ("task-ids-on-moe", "--task-ids-input applies to routed MoTE graphs"),
+        ("int8-bound", "the int8 graph's cosine to fp32 falls to"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(case, message, mote_dir, moe_dir, dense_path, tmp_path, capsys):
@@ -168,6 +178,8 @@ def test_bad_input_is_one_line_and_exit_2(case, message, mote_dir, moe_dir, dens
         "aea": [str(tmp_path / "aea")],
         "exists": [mote_dir],
         "prompt-excluded": [str(tmp_path / "no-prompt")],
+        "task-ids-on-moe": [moe_dir, "--task-ids-input"],
+        "int8-bound": [mote_dir, "--quantize", "int8", "--int8-min-cosine", "1"],
     }[case]
     if case == "prompt-excluded":
         shutil.copytree(mote_dir, tmp_path / "no-prompt")

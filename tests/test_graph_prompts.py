@@ -6,7 +6,7 @@ import torch
 from conftest import TEXTS, save_trained_copy
 from sentence_transformers import SentenceTransformer
 
-from convert.graph_prompts import PromptInputs
+from convert.graph_prompts import PromptInputs, leading_specials
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 6)  # far over the 24 tokens below
 MAX = 24
@@ -34,10 +34,9 @@ def folder(request, dense_path, tmp_path_factory):
 def _graph_embed(model, strip, texts, task_ids=None):
     transformer = model[0]
     config, tokenizer = transformer.auto_model.config, transformer.tokenizer
-    lead = len(config.task_prefix_ids[config.tasks[0]]) - len(
-        tokenizer(config.task_prefixes[config.tasks[0]], add_special_tokens=False)["input_ids"]
+    inputs = PromptInputs(
+        config, leading_specials(config, tokenizer), MAX, tokenizer.sep_token_id, tokenizer.pad_token_id, strip
     )
-    inputs = PromptInputs(config, lead, MAX, tokenizer.sep_token_id, tokenizer.pad_token_id, strip)
     ids, mask = _client_tokens(tokenizer, texts, inputs.longest)
     given = None if task_ids is None else torch.tensor(task_ids)
     with torch.no_grad():

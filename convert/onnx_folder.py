@@ -1,0 +1,151 @@
+"""The files around an exported graph, so that clients which know nothing of this package load the folder.
+
+Text Embeddings Inference (ONNX backend), fastembed and onnxruntime with `tokenizers` read a fixed set of
+files (sources in `docs/architecture.md`, "Serving contract"):
+
+- `config.json`: the source folder's (TEI needs `architectures`, `model_type`, `hidden_size`,
+  `num_hidden_layers`, `max_position_embeddings`);
+- `tokenizer.json` with batch-longest right padding and right truncation at the input length (the folder's
+  `max_seq_length`, plus the longest task prefix for MoTE, which the graph takes off or puts in before it
+  cuts the row at `max_seq_length`), `tokenizer_config.json` with `model_max_length` at that length
+  (fastembed's truncation) and `special_tokens_map.json` (fastembed <= 0.8 requires it; transformers 5 no
+  longer writes it);
+- `sentence_bert_config.json` with `max_seq_length` = the input length (TEI truncates there, prompt
+  included), `modules.json` with the folder's pooling modules, `config_sentence_transformers.json` with the
+  prompts (TEI's `prompt_name`, a client's prefix).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from convert.checkpoint import read_json, write_json, write_sentence_transformers_files
+
+
+def write_folder_files(source: Path, target: Path, st, input_length: int):
+    """Write the files above into `target`; returns the `tokenizers.Tokenizer` a client loads from them."""
+    from tokenizers import Tokenizer
+
+    write_json(target / "config.json", read_json(source / "config.json"))
+    tokenizer = st[0].tokenizer
+    tokenizer.save_pretrained(str(target))
+    client = Tokenizer.from_file(str(target / "tokenizer.json"))
+    client.enable_padding(direction="right", pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
+    client.enable_truncation(input_length, direction="right")
+    client.save(str(target / "tokenizer.json"))
+    settings = read_json(target / "tokenizer_config.json")
+    settings = {k: v for k, v in settings.items() if k not in ("is_local", "local_files_only")}  # load-time state
+    # fastembed truncates at min(model_max_length, max_length)
+    settings.update(
+        model_max_length=input_length, max_length=input_length, padding_side="right", truncation_side="right"
+    )
+    write_json(target / "tokenizer_config.json", settings)
+    write_json(target / "special_tokens_map.json", dict(tokenizer.special_tokens_map))
+    write_sentence_transformers_files(
+        source,
+        target,
+        "sentence_transformers.models.Transformer",
+        dict(st.prompts or {}),
+        st.default_prompt_name,
+        drop_module_keys=("prepend_task_prefix",),
+        module_settings={"max_seq_length": input_length},
+    )
+    return client
+
+
+def usage_card(name: str, info: dict) -> str:
+    """The folder's README: the contract, the prompts, int8 agreement, and how each client loads it."""
+    prompts = info["prompts"]
+    example_prompt = prompts.get("query") or next(iter(prompts.values()), "")
+    rows = "\n".join(f"| `{key}` | `{json.dumps(value)}` |" for key, value in prompts.items()) or "| (none) | |"
+    routed = "routed_task_ids" in info["outputs"]
+    if routed:
+        default = info.get("default_prompt_name")
+        routing = (
+            "The graph routes each row by the prompt it starts with (a MoTE task prefix picks that task's "
+            f"expert); a text without one is embedded as `SentenceTransformer.encode` embeds it without a "
+            f"prompt{f' (the default prompt `{default}`)' if default else ''}. The graph cuts each row at "
+            f"{info['max_seq_length']} tokens after the prompt is handled, as the PyTorch folder does."
+        )
+    elif info.get("exported_task"):
+        routing = f"Every row goes to the `{info['exported_task']}` experts (send its prompt or none)."
+    else:
+        routing = "Put the prompt of your task in front of each text, as `SentenceTransformer.encode` would."
+    int8 = info.get("int8")
+    int8_text = (
+        f"`{int8['file']}` (dynamic int8, per-channel weights) agrees with the fp32 graph at cosine min "
+        f"{int8['min_cosine']:.4f} / mean {int8['mean_cosine']:.4f} over {int8['texts']} texts (every prompt "
+        "and none), measured by the exporter."
+        if int8
+        else "No int8 graph (export with `--quantize int8` for one)."
+    )
+    inputs = ", ".join(f"`{i}`" for i in info["inputs"])
+    outputs = ", ".join(f"`{o}`" for o in info["outputs"])
+    return f"""# ONNX export of `{name}`
+
+Made by moe-embed's `convert/export_onnx.py`. `onnx/model.onnx` takes {inputs} (int64) and returns
+{outputs}: `sentence_embedding` is the folder's pooling and normalisation applied, the embedding
+`SentenceTransformer.encode` gives (max |difference| {info["max_abs_difference"]:.1e}, checked at export).
+{routing} Inputs are truncated at {info["input_length"]} tokens (`tokenizer.json`, `sentence_bert_config.json`).
+
+{int8_text}
+
+| prompt name | text to put in front |
+|---|---|
+{rows}
+
+## onnxruntime and tokenizers
+
+```python
+import numpy as np
+import onnxruntime
+from tokenizers import Tokenizer
+
+tokenizer = Tokenizer.from_file("tokenizer.json")  # pads to the longest row, truncates at the input length
+session = onnxruntime.InferenceSession("onnx/model.onnx")
+texts = [{json.dumps(example_prompt + "who was isaac newton?")}]
+encodings = tokenizer.encode_batch(texts)
+feed = {{name: np.array([getattr(e, attr) for e in encodings], dtype=np.int64) for name, attr in
+        [("input_ids", "ids"), ("attention_mask", "attention_mask"), ("token_type_ids", "type_ids")]}}
+feed = {{i.name: feed[i.name] for i in session.get_inputs() if i.name in feed}}
+embeddings = session.run(["sentence_embedding"], feed)[0]
+```
+
+## fastembed
+
+```python
+from fastembed import TextEmbedding
+from fastembed.common.model_description import ModelSource, PoolingType
+
+TextEmbedding.add_custom_model(model="local/{name}", pooling=PoolingType.DISABLED, normalization=True,
+                               sources=ModelSource(hf="local/{name}"), dim={info["dimension"]},
+                               model_file="onnx/model.onnx")
+model = TextEmbedding("local/{name}", specific_model_path=".")
+embeddings = list(model.embed([{json.dumps(example_prompt + "who was isaac newton?")}]))
+```
+
+`sentence_embedding` is the graph's first output, which fastembed reads; `PoolingType.DISABLED` keeps it.
+
+## Text Embeddings Inference
+
+```
+text-embeddings-router --model-id /path/to/{name} --pooling mean
+```
+
+TEI's CPU image tries the ONNX backend first, which loads `onnx/model.onnx` and returns `sentence_embedding`
+as it is. Send `prompt_name` with a request (or start with `--default-prompt-name`) to pick a prompt above.
+
+## OpenVINO
+
+```python
+import openvino
+compiled = openvino.Core().compile_model("onnx/model.onnx", "CPU", {{"INFERENCE_PRECISION_HINT": "f32"}})
+embeddings = compiled(feed)["sentence_embedding"]  # `feed` as for onnxruntime above
+```
+
+Without the f32 hint, OpenVINO runs in bf16 on CPUs that have it (cosine to fp32 about 0.99).
+"""
+
+
+__all__ = ["write_folder_files", "usage_card"]

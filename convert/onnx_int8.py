@@ -1,0 +1,53 @@
+"""int8 beside the fp32 graph: onnxruntime dynamic quantisation, measured against fp32 on real texts.
+
+The setting is the one measured best on a routed MoTE graph (`benchmarks/int8_settings.py`, table in
+`docs/notes/serving-contract.md` §6): QInt8 weights quantised per output channel, MatMul only, no
+reduce_range, which is what sentence-transformers' `avx512_vnni` configuration chooses; per-tensor weights
+fall to cosine 0.947 on some rows. The file is named as sentence-transformers names that variant
+(`onnx/model_qint8_avx512_vnni.onnx`), so `backend="onnx", model_kwargs={"file_name": ...}` and fastembed's
+`model_file` find it. Activations are quantised at run time per tensor (`DynamicQuantizeLinear`): no
+calibration data.
+
+Agreement is the cosine of each row's int8 embedding to the fp32 graph's, over `agreement_texts.txt`
+(47 English sentences written for this check: questions, reviews, news, captions, two one-word texts), each
+sent without a prompt and with every prompt the folder defines, so every expert is exercised.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+INT8_FILE = "model_qint8_avx512_vnni.onnx"
+AGREEMENT_TEXTS = Path(__file__).resolve().parent / "agreement_texts.txt"
+# Refuse below this minimum cosine. On the bundled MiniLM upcycled to MoTE the chosen setting gives min
+# 0.986 / mean 0.994 over 512 STS-B dev sentences; the per-tensor setting, whose STS-B loss is visible, 0.947.
+DEFAULT_MIN_COSINE = 0.98
+
+
+def quantize(fp32: Path, int8: Path) -> None:
+    """Dynamic int8 quantisation of `fp32` to `int8` (per-channel QInt8 MatMul weights)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    logging.disable(logging.INFO)  # the quantiser logs every tensor it skips at INFO on the root logger
+    try:
+        quantize_dynamic(
+            str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+        )
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def agreement_texts(prompts: dict[str, str]) -> list[str]:
+    """The agreement texts, plain and behind each distinct prompt."""
+    texts = [line for line in AGREEMENT_TEXTS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return texts + [prompt + text for prompt in dict.fromkeys(prompts.values()) for text in texts]
+
+
+def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+__all__ = ["INT8_FILE", "DEFAULT_MIN_COSINE", "quantize", "agreement_texts", "row_cosines"]
