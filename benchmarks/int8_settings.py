@@ -22,6 +22,7 @@ if __package__ in (None, ""):
 
 import numpy as np
 
+from convert.export_onnx import graph_inputs
 from convert.export_onnx import main as export_onnx
 from convert.upcycle import main as upcycle
 from evaluation.data import DATA_DIR_HELP, data_dir, sts_pairs
@@ -50,31 +51,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     args = parser.parse_args(argv)
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from transformers import AutoTokenizer
+    from tokenizers import Tokenizer
 
     pairs = sts_pairs(data_dir(args.data_dir) / "sts/stsb", ["dev.tsv"])
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         upcycle(["--output", str(work / "mote")])
         export_onnx([str(work / "mote"), "--output", str(work / "onnx")])
-        tokenizer = AutoTokenizer.from_pretrained(str(work / "onnx"))
+        tokenizer = Tokenizer.from_file(str(work / "onnx" / "tokenizer.json"))  # as a client tokenises
         texts = pairs.sentences1[: args.texts] + ["search_query: " + text for text in pairs.sentences2[: args.texts]]
         feeds = []
         for start in range(0, len(texts), 64):
-            batch = tokenizer(texts[start : start + 64], padding=True, truncation=True, return_tensors="np")
-            feeds.append(
-                {
-                    "input_ids": batch["input_ids"].astype(np.int64),
-                    "attention_mask": batch["attention_mask"].astype(np.int64),
-                    "task_ids": np.full(len(batch["input_ids"]), -1, dtype=np.int64),
-                }
-            )
-        reference = embed(work / "onnx" / "model.onnx", feeds)
+            batch = graph_inputs(tokenizer, texts[start : start + 64])
+            feeds.append({name: value.numpy() for name, value in batch.items()})
+        reference = embed(work / "onnx" / "onnx" / "model.onnx", feeds)
         print("| weights | per-channel | reduce_range | ops | min cos | mean cos |\n|---|---|---|---|---:|---:|")
         for weights, per_channel, reduce_range, operators in SETTINGS:
             path = work / "int8.onnx"
             quantize_dynamic(
-                str(work / "onnx" / "model.onnx"),
+                str(work / "onnx" / "onnx" / "model.onnx"),
                 str(path),
                 weight_type=getattr(QuantType, weights),
                 per_channel=per_channel,

@@ -130,7 +130,8 @@ def export_graph(graph: SentenceEmbeddingGraph, inputs: dict, path: Path, opset:
     """Trace `graph` on `inputs` (a feed by name) with batch and sequence length dynamic and write `path`."""
     config = graph.model.config
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
-    seq = torch.export.Dim("sequence", min=1, max=config.max_position_embeddings - config.position_offset)
+    offset = getattr(config, "position_offset", 0)  # a plain BERT (the dense reference of the benchmarks) has none
+    seq = torch.export.Dim("sequence", min=1, max=config.max_position_embeddings - offset)
     shapes = {name: {0: batch} if name == "task_ids" else {0: batch, 1: seq} for name in inputs}
     for name in ("onnxscript", "onnx_ir"):  # their optimiser passes log every rewrite at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -186,7 +187,9 @@ def check_against_torch(path: Path, graph: SentenceEmbeddingGraph, batches: list
             expected = [t.numpy() for t in graph(**inputs)]
         mask = (expected[2] if graph.routed else inputs["attention_mask"].numpy()).astype(bool)
         worst = max(worst, max_difference(got[1], expected[1], mask))
-        worst = max(worst, *(max_difference(a, b) for a, b in zip(got[:1] + got[2:], expected[:1] + expected[2:])))
+        worst = max(
+            worst, *(max_difference(a, b) for a, b in zip(got[:1] + got[2:], expected[:1] + expected[2:], strict=True))
+        )
     return worst
 
 
@@ -207,6 +210,28 @@ def check_against_encode(path: Path, model, tokenizer, task: str | None) -> floa
             kwargs["task"] = task
         worst = max(worst, max_difference(got, model.encode(CHECK_TEXTS, **kwargs)))
     return worst
+
+
+def build_graph(folder: Path, st, task: str | None = None) -> SentenceEmbeddingGraph:
+    """The graph to trace for the folder (`st`: it loaded as `SentenceTransformer`); `task`: one MoTE task."""
+    head = st_head(folder, st)
+    try:
+        model = load_model(folder, task)
+        task = model.config.tasks[model.config.task_index(task)] if task else None
+    except ValueError as error:  # unknown task: the message lists the valid ones
+        raise UsageError(str(error)) from None
+    prompts = None
+    if model.config.model_type == "mote_bert":
+        tokenizer = st[0].tokenizer
+        prompts = PromptInputs(
+            model.config,
+            leading_specials(model.config, tokenizer),
+            st.max_seq_length,
+            tokenizer.sep_token_id,
+            tokenizer.pad_token_id,
+            strip=not getattr(st[0], "prepend_task_prefix", True),
+        )
+    return SentenceEmbeddingGraph(model, head, task, prompts)
 
 
 def export(args) -> Path:
@@ -230,24 +255,8 @@ def export(args) -> Path:
         raise UsageError(f"--int8-min-cosine must lie in (0, 1], got {args.int8_min_cosine}")
     output = check_output(args.output, (folder,), args.overwrite)
     st = load_sentence_transformer(folder, trust_remote_code=True, device="cpu")
-    head = st_head(folder, st)
-    try:
-        model = load_model(folder, args.task)
-        task = model.config.tasks[model.config.task_index(args.task)] if args.task else None
-    except ValueError as error:  # unknown task: the message lists the valid ones
-        raise UsageError(str(error)) from None
-    prompts = None
-    if model_type == "mote_bert":
-        config, tokenizer = model.config, st[0].tokenizer
-        prompts = PromptInputs(
-            config,
-            leading_specials(config, tokenizer),
-            st.max_seq_length,
-            tokenizer.sep_token_id,
-            tokenizer.pad_token_id,
-            strip=not getattr(st[0], "prepend_task_prefix", True),
-        )
-    graph = SentenceEmbeddingGraph(model, head, task, prompts)
+    graph = build_graph(folder, st, args.task)
+    model, prompts = graph.model, graph.prompts
     input_length = st.max_seq_length + (prompts.longest if prompts is not None else 0)
     with atomic_output_dir(output, args.overwrite) as tmp:
         client = write_folder_files(folder, tmp, st, input_length)  # the tokenizer a client loads
@@ -274,7 +283,9 @@ def check_export(path: Path, graph: SentenceEmbeddingGraph, st, client, example:
     batches = [graph_inputs(client, CHECK_TEXTS), graph_inputs(client, ["a"])]
     if graph.routed and not graph.task:  # every task's prompt in one batch, in another order than the example
         config = graph.model.config
-        texts = [config.task_prefixes[t] + text for t, text in zip(config.tasks * 2, reversed(CHECK_TEXTS))]
+        texts = [
+            config.task_prefixes[t] + text for t, text in zip(config.tasks * 2, reversed(CHECK_TEXTS), strict=False)
+        ]
         batches.append(graph_inputs(client, texts))
     if "task_ids" in example:  # explicit ids beat the prompt
         batches = [{**b, "task_ids": torch.arange(len(b["input_ids"])) % 3 - 1} for b in batches]

@@ -42,12 +42,18 @@ def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
 
 
 @pytest.mark.slow
-def test_onnx_benchmark_runs(capsys):
+def test_serving_benchmark_runs(capsys):
     quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
-    out = run_repo_script("benchmarks/bench_onnx.py", *quick, capsys=capsys)
-    rows = [line for line in out.splitlines() if line.startswith("| MoTE") or line.startswith("| MoE")]
-    assert [row.split(" | ")[0] for row in rows] == ["| MoTE routed", "| MoTE --task query", "| MoE top-2 of 8"]
-    assert all(row.count("|") == 7 and float(row.split("|")[-2]) > 0 for row in rows)
+    args = [*quick, "--families", "dense,mote", "--accuracy", "--data-dir", str(FIXTURE_DATA)]
+    out = run_repo_script("benchmarks/bench_serving.py", *args, capsys=capsys)
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| dense") or line.startswith("| mote")]
+    assert [row[0] for row in rows] == ["| dense", "| mote", "| dense", "| mote"]  # timing, then accuracy
+    timing, accuracy = rows[:2], rows[2:]
+    assert all(len(row) == 9 and float(row[-1].rstrip(" |")) > 0 for row in timing)
+    assert "of dense" in timing[1][4] and "of dense" not in timing[0][4]
+    for row in accuracy:  # fp32, int8, their difference, for STS-B and SciFact
+        values = [float(v.rstrip(" |")) for v in row[1:]]
+        assert abs(values[1] - values[0] - values[2]) < 0.011 and abs(values[4] - values[3] - values[5]) < 0.011
 
 
 @pytest.mark.slow

@@ -28,7 +28,7 @@ SCRIPTS = [
     "benchmarks.bench_aea",
     "benchmarks.bench_comoe",
     "benchmarks.bench_compile",
-    "benchmarks.bench_onnx",
+    "benchmarks.bench_serving",
     "benchmarks.bench_train",
 ]
 

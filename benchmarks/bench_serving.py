@@ -1,0 +1,238 @@
+"""Serving throughput and int8 accuracy of the exported folders, against the dense MiniLM, in one process.
+
+    python benchmarks/bench_serving.py                                   # batch 1, 32, 128 x 16, 128 tokens
+    python benchmarks/bench_serving.py --batch-sizes 32 --seq-lens 128 --accuracy
+    python benchmarks/bench_serving.py --families dense,mote --backends torch,ort,ort-int8
+
+Families, all from the bundled all-MiniLM-L6-v2: `dense` (the model every user compares with: plain BERT,
+mean pooling, normalisation), `mote` (upcycled to MoTE, routed in the graph: each batch mixes the four
+tasks by their prompts), `mote-query` (`--task query`: one task's experts, a plain graph), `moe` (token
+routed, 8 experts, top-2, every other layer) and `comoe` (LoRA experts, top-2 of 4, unmerged). Each is
+exported by `convert/export_onnx.py --quantize int8` (the dense one by the same tracing, without the
+MoTE-only parts). Backends: `torch` (the exported graph's PyTorch module, fp32, eager), `ort` and
+`ort-int8` (onnxruntime CPU, as many threads as torch), `ov` (OpenVINO CPU reading `onnx/model.onnx`, f32
+precision hint) and `ov-int8` (OpenVINO reading the int8 ONNX file). Inputs are random token ids, no
+padding; a MoTE row starts with its task's prompt. Rates are medians of interleaved rounds; each row's
+ratios are to PyTorch fp32 of the same family and to the dense model's same backend, same run.
+
+`--accuracy` adds STS-B test and SciFact (the suite's scores, `evaluation.run`) of every family's fp32 and
+int8 graph through onnxruntime, fed as a client feeds them (`tokenizer.json` alone); it needs the data folder.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from benchmarks.common import median_rates, prepare, timing_parser
+from evaluation.data import DATA_DIR_HELP
+
+FAMILIES = ("dense", "mote", "mote-query", "moe", "comoe")
+BACKENDS = ("torch", "ort", "ort-int8", "ov", "ov-int8")
+INT8 = "onnx/model_qint8_avx512_vnni.onnx"
+
+
+def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
+    """The family's exported folder and the PyTorch module its graph was traced from."""
+    from sentence_transformers import SentenceTransformer
+
+    from convert.checkpoint import bundled_minilm_path
+    from convert.export_onnx import SentenceEmbeddingGraph, build_graph, export_graph
+    from convert.export_onnx import main as export_onnx
+    from convert.onnx_folder import write_folder_files
+    from convert.onnx_int8 import quantize
+    from convert.upcycle import main as upcycle
+
+    out = work / f"{family}-onnx"
+    if family == "dense":
+        from convert.export_onnx import graph_inputs
+
+        st = SentenceTransformer(bundled_minilm_path(), device="cpu")
+        graph = SentenceEmbeddingGraph(st[0].auto_model.eval(), list(st)[1:])
+        out.mkdir()
+        client = write_folder_files(Path(bundled_minilm_path()), out, st, st.max_seq_length)
+        export_graph(graph, graph_inputs(client, ["an example", "two"]), out / "onnx" / "model.onnx", None)
+        quantize(out / "onnx" / "model.onnx", out / INT8)
+        return out, graph
+    options = {"mote": [], "mote-query": [], "moe": ["--arch", "moe", "--expert-noise", "0.02"]}
+    options["comoe"] = ["--arch", "comoe"]
+    source = work / family.split("-")[0]
+    if not source.exists():
+        upcycle([*options[family], "--output", str(source)])
+    task = "query" if family == "mote-query" else None
+    export_onnx([str(source), "--output", str(out), "--quantize", "int8", *(["--task", task] if task else [])])
+    st = SentenceTransformer(str(source), trust_remote_code=True, device="cpu")
+    return out, build_graph(source, st, task)
+
+
+def random_feed(folder: Path, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
+    """Random token ids of `seq_len` tokens ([CLS] ... [SEP]); a MoTE row starts with its task's prompt."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    info = json.loads((folder / "onnx_config.json").read_text()) if (folder / "onnx_config.json").exists() else {}
+    prompts = (
+        list(dict.fromkeys(info.get("task_prefixes", {}).values()))
+        if "routed_task_ids" in info.get("outputs", [])
+        else []
+    )
+    generator = np.random.default_rng(0)
+    ids = generator.integers(1000, tokenizer.get_vocab_size(), (batch_size, seq_len))
+    ids[:, 0], ids[:, -1] = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    for row in range(batch_size):
+        if prompts:
+            prefix = tokenizer.encode(prompts[row % len(prompts)], add_special_tokens=False).ids[: seq_len - 2]
+            ids[row, 1 : 1 + len(prefix)] = prefix
+    ids = ids.astype(np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+
+
+def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
+    """Backend name -> callable(**feed)."""
+    runs = {}
+    if "torch" in backends:
+
+        def run_torch(**feed):
+            return graph(**{k: torch.from_numpy(v) for k, v in feed.items()})
+
+        runs["torch"] = run_torch
+    for name, file in (("ort", "onnx/model.onnx"), ("ort-int8", INT8)):
+        if name in backends:
+            import onnxruntime
+
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            session = onnxruntime.InferenceSession(str(folder / file), options, providers=["CPUExecutionProvider"])
+            inputs = {i.name for i in session.get_inputs()}
+            runs[name] = lambda session=session, inputs=inputs, **feed: session.run(
+                ["sentence_embedding"], {k: v for k, v in feed.items() if k in inputs}
+            )
+    for name, file, config in (
+        ("ov", "onnx/model.onnx", {"INFERENCE_PRECISION_HINT": "f32"}),
+        ("ov-int8", INT8, {}),
+    ):
+        if name in backends:
+            import openvino
+
+            compiled = openvino.Core().compile_model(
+                str(folder / file), "CPU", {**config, "INFERENCE_NUM_THREADS": threads}
+            )
+            inputs = {i.get_any_name() for i in compiled.inputs}
+            runs[name] = lambda compiled=compiled, inputs=inputs, **feed: compiled(
+                {k: v for k, v in feed.items() if k in inputs}
+            )
+    return runs
+
+
+class OnnxEncoder:
+    """`encode` over an exported folder's graph through onnxruntime, fed as a client feeds it: what
+    `evaluation.run.evaluate` needs of a model (`encode`, `prompts`)."""
+
+    def __init__(self, folder: Path, file: str):
+        import json
+
+        import onnxruntime
+        from tokenizers import Tokenizer
+
+        self.session = onnxruntime.InferenceSession(str(folder / file), providers=["CPUExecutionProvider"])
+        self.inputs = {i.name for i in self.session.get_inputs()}
+        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        self.prompts = json.loads((folder / "config_sentence_transformers.json").read_text()).get("prompts") or {}
+
+    class model_card_data:  # noqa: N801 - the evaluators record their metrics here; nothing to record
+        @staticmethod
+        def set_evaluation_metrics(*args, **kwargs):
+            pass
+
+    def encode(self, texts, prompt: str | None = "", batch_size: int = 32, convert_to_tensor=False, **_):
+        if isinstance(texts, str):
+            return self.encode([texts], prompt, batch_size, convert_to_tensor)[0]
+        prompt = prompt or ""
+        out = []
+        for start in range(0, len(texts), batch_size):
+            encodings = self.tokenizer.encode_batch([prompt + t for t in texts[start : start + batch_size]])
+            feed = {
+                "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+            }
+            out.append(self.session.run(["sentence_embedding"], {k: v for k, v in feed.items() if k in self.inputs})[0])
+        out = np.concatenate(out)
+        return torch.from_numpy(out) if convert_to_tensor else out
+
+    encode_query = encode_document = encode  # the evaluators pass the prompt (`evaluation.run` chooses it)
+
+
+def accuracy(folders: dict[str, Path], data_dir) -> list[str]:
+    """STS-B test and SciFact of each family's fp32 and int8 graph."""
+    from evaluation.data import data_dir as resolve
+    from evaluation.run import TASKS, evaluate
+
+    root = resolve(data_dir)
+    rows = []
+    for family, folder in tqdm(folders.items(), desc="accuracy", unit="family"):
+        scores = {}
+        for precision, file in (("fp32", "onnx/model.onnx"), ("int8", INT8)):
+            model = OnnxEncoder(folder, file)
+            scores[precision] = [evaluate(model, TASKS[task], root) for task in ("STSBenchmark", "SciFact")]
+        (sts32, sci32), (sts8, sci8) = scores["fp32"], scores["int8"]
+        cells = [f"{a:.2f} | {b:.2f} | {b - a:+.2f}" for a, b in ((sts32, sts8), (sci32, sci8))]
+        rows.append(f"| {family} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = timing_parser(__doc__.split("\n\n")[0], "ignored: every family is built from the bundled MiniLM")
+    parser.set_defaults(seq_lens="16,128")
+    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
+    parser.add_argument("--accuracy", action="store_true", help="also STS-B test and SciFact, fp32 vs int8")
+    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    args = parser.parse_args(argv)
+    families, backends = args.families.split(","), args.backends.split(",")
+    for value, valid, option in ((families, FAMILIES, "--families"), (backends, BACKENDS, "--backends")):
+        unknown = [v for v in value if v not in valid]
+        if unknown:
+            parser.error(f"unknown {option} {unknown}; expected names from {', '.join(valid)}")
+    shapes = prepare(args)
+    threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as tmp:
+        built = {family: build(family, Path(tmp)) for family in tqdm(families, desc="export", unit="family")}
+        rates = {}
+        for batch_size, seq_len in tqdm(shapes, desc="timing", unit="shape"):
+            for family, (folder, graph) in built.items():
+                feed = random_feed(folder, batch_size, seq_len)
+                rates[family, batch_size, seq_len] = median_rates(
+                    runners(folder, graph, backends, threads), feed, args.repeats, args.min_time
+                )
+        print("| family | batch | tokens | " + " | ".join(f"{b} (seq/s)" for b in backends) + " | best / torch |")
+        print("|---|---:|---:|" + "---:|" * (len(backends) + 1))
+        for (family, batch_size, seq_len), rate in rates.items():
+            cells = []
+            for backend in backends:
+                cell = f"{rate[backend]:.1f}"
+                if backend != "torch" and "torch" in rate:
+                    cell += f" ({rate[backend] / rate['torch']:.2f}x"
+                    dense = rates.get(("dense", batch_size, seq_len))
+                    cell += f", {rate[backend] / dense[backend]:.2f} of dense)" if dense and family != "dense" else ")"
+                cells.append(cell)
+            best = max(rate[b] for b in backends if b != "torch") / rate["torch"] if "torch" in rate else float("nan")
+            print(f"| {family} | {batch_size} | {seq_len} | " + " | ".join(cells) + f" | {best:.2f} |")
+        if args.accuracy:
+            print("\n| family | STS-B fp32 | STS-B int8 | delta | SciFact fp32 | SciFact int8 | delta |")
+            print("|---|---:|---:|---:|---:|---:|---:|")
+            print("\n".join(accuracy({f: folder for f, (folder, _) in built.items()}, args.data_dir)))
+
+
+if __name__ == "__main__":
+    main()
