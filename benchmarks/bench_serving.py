@@ -173,8 +173,8 @@ class OnnxEncoder:
     encode_query = encode_document = encode  # the evaluators pass the prompt (`evaluation.run` chooses it)
 
 
-def accuracy(folders: dict[str, Path], data_dir) -> list[str]:
-    """STS-B test and SciFact of each family's fp32 and int8 graph."""
+def accuracy(folders: dict[str, Path], data_dir, tasks: list[str]) -> list[str]:
+    """The suite's `tasks` (STS-B test and SciFact by default) of each family's fp32 and int8 graph."""
     from evaluation.data import data_dir as resolve
     from evaluation.run import TASKS, evaluate
 
@@ -184,9 +184,8 @@ def accuracy(folders: dict[str, Path], data_dir) -> list[str]:
         scores = {}
         for precision, file in (("fp32", "onnx/model.onnx"), ("int8", INT8)):
             model = OnnxEncoder(folder, file)
-            scores[precision] = [evaluate(model, TASKS[task], root) for task in ("STSBenchmark", "SciFact")]
-        (sts32, sci32), (sts8, sci8) = scores["fp32"], scores["int8"]
-        cells = [f"{a:.2f} | {b:.2f} | {b - a:+.2f}" for a, b in ((sts32, sts8), (sci32, sci8))]
+            scores[precision] = [evaluate(model, TASKS[task], root) for task in tasks]
+        cells = [f"{a:.2f} | {b:.2f} | {b - a:+.2f}" for a, b in zip(scores["fp32"], scores["int8"], strict=True)]
         rows.append(f"| {family} | " + " | ".join(cells) + " |")
     return rows
 
@@ -197,6 +196,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
     parser.add_argument("--accuracy", action="store_true", help="also STS-B test and SciFact, fp32 vs int8")
+    parser.add_argument(
+        "--accuracy-tasks", default="STSBenchmark,SciFact", help="comma-separated suite tasks for --accuracy"
+    )
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     args = parser.parse_args(argv)
     families, backends = args.families.split(","), args.backends.split(",")
@@ -229,9 +231,10 @@ def main(argv: list[str] | None = None) -> None:
             best = max(rate[b] for b in backends if b != "torch") / rate["torch"] if "torch" in rate else float("nan")
             print(f"| {family} | {batch_size} | {seq_len} | " + " | ".join(cells) + f" | {best:.2f} |")
         if args.accuracy:
-            print("\n| family | STS-B fp32 | STS-B int8 | delta | SciFact fp32 | SciFact int8 | delta |")
-            print("|---|---:|---:|---:|---:|---:|---:|")
-            print("\n".join(accuracy({f: folder for f, (folder, _) in built.items()}, args.data_dir)))
+            tasks = args.accuracy_tasks.split(",")
+            print("\n| family | " + " | ".join(f"{t} fp32 | {t} int8 | delta" for t in tasks) + " |")
+            print("|---|" + "---:|" * (3 * len(tasks)))
+            print("\n".join(accuracy({f: folder for f, (folder, _) in built.items()}, args.data_dir, tasks)))
 
 
 if __name__ == "__main__":

@@ -69,7 +69,8 @@ def order_problems(text: str) -> tuple[list[str], int]:
             output = output or DEFAULT_OUTPUTS[option(arguments, "--arch") or "mote"]
         if tool == "training.train":
             config = yaml.safe_load((REPO / option(arguments, "--config")).read_text())
-            reads.append(config["model"])
+            if config.get("model"):  # none: the bundled MiniLM
+                reads.append(config["model"])
             output = config["output_dir"]
         if tool == "training.data_tools":
             reads.append(option(arguments, "--model"))
