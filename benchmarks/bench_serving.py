@@ -12,8 +12,9 @@ exported by `convert/export_onnx.py --quantize int8` (the dense one by the same 
 MoTE-only parts). Backends: `torch` (the exported graph's PyTorch module, fp32, eager), `ort` and
 `ort-int8` (onnxruntime CPU, as many threads as torch), `ov` (OpenVINO CPU reading `onnx/model.onnx`, f32
 precision hint) and `ov-int8` (OpenVINO reading the int8 ONNX file). Inputs are random token ids, no
-padding; a MoTE row starts with its task's prompt. Rates are medians of interleaved rounds; each row's
-ratios are to PyTorch fp32 of the same family and to the dense model's same backend, same run.
+padding; a MoTE row starts with its task's prompt (`benchmarks.common.batch_of`). Rates are medians of
+interleaved rounds; each row's ratios are to PyTorch fp32 of the same family and to the dense model's
+same backend, same run.
 
 `--accuracy` adds STS-B test and SciFact (the suite's scores, `evaluation.run`) of every family's fp32 and
 int8 graph through onnxruntime, fed as a client feeds them (`tokenizer.json` alone); it needs the data folder.
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.common import median_rates, prepare, timing_parser
+from benchmarks.common import batch_of, median_rates, prepare, timing_parser
 from evaluation.data import DATA_DIR_HELP
 
 FAMILIES = ("dense", "mote", "mote-query", "moe", "comoe")
@@ -45,7 +46,7 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
     from sentence_transformers import SentenceTransformer
 
     from convert.checkpoint import bundled_minilm_path
-    from convert.export_onnx import SentenceEmbeddingGraph, build_graph, export_graph
+    from convert.export_onnx import SentenceEmbeddingGraph, build_graph, export_graph, graph_inputs
     from convert.export_onnx import main as export_onnx
     from convert.onnx_folder import write_folder_files
     from convert.onnx_int8 import quantize
@@ -53,8 +54,6 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
 
     out = work / f"{family}-onnx"
     if family == "dense":
-        from convert.export_onnx import graph_inputs
-
         st = SentenceTransformer(bundled_minilm_path(), device="cpu")
         graph = SentenceEmbeddingGraph(st[0].auto_model.eval(), list(st)[1:])
         out.mkdir()
@@ -73,28 +72,11 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
     return out, build_graph(source, st, task)
 
 
-def random_feed(folder: Path, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
-    """Random token ids of `seq_len` tokens ([CLS] ... [SEP]); a MoTE row starts with its task's prompt."""
-    import json
-
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    info = json.loads((folder / "onnx_config.json").read_text()) if (folder / "onnx_config.json").exists() else {}
-    prompts = (
-        list(dict.fromkeys(info.get("task_prefixes", {}).values()))
-        if "routed_task_ids" in info.get("outputs", [])
-        else []
-    )
-    generator = np.random.default_rng(0)
-    ids = generator.integers(1000, tokenizer.get_vocab_size(), (batch_size, seq_len))
-    ids[:, 0], ids[:, -1] = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    for row in range(batch_size):
-        if prompts:
-            prefix = tokenizer.encode(prompts[row % len(prompts)], add_special_tokens=False).ids[: seq_len - 2]
-            ids[row, 1 : 1 + len(prefix)] = prefix
-    ids = ids.astype(np.int64)
-    return {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+def random_feed(graph, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
+    """`benchmarks.common.batch_of` (a MoTE row starts with its task's prefix, routed in the graph) as a client
+    feeds it: no `task_ids`, token type ids zero."""
+    batch = {k: v.numpy() for k, v in batch_of(graph.model, batch_size, seq_len).items() if k != "task_ids"}
+    return {**batch, "token_type_ids": np.zeros_like(batch["input_ids"])}
 
 
 def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
@@ -141,11 +123,11 @@ class OnnxEncoder:
     def __init__(self, folder: Path, file: str):
         import json
 
-        import onnxruntime
         from tokenizers import Tokenizer
 
-        self.session = onnxruntime.InferenceSession(str(folder / file), providers=["CPUExecutionProvider"])
-        self.inputs = {i.name for i in self.session.get_inputs()}
+        from convert.export_onnx import session
+
+        self.session = session(folder / file)
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.prompts = json.loads((folder / "config_sentence_transformers.json").read_text()).get("prompts") or {}
 
@@ -155,19 +137,11 @@ class OnnxEncoder:
             pass
 
     def encode(self, texts, prompt: str | None = "", batch_size: int = 32, convert_to_tensor=False, **_):
+        from convert.export_onnx import embed
+
         if isinstance(texts, str):
             return self.encode([texts], prompt, batch_size, convert_to_tensor)[0]
-        prompt = prompt or ""
-        out = []
-        for start in range(0, len(texts), batch_size):
-            encodings = self.tokenizer.encode_batch([prompt + t for t in texts[start : start + batch_size]])
-            feed = {
-                "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
-                "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
-                "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
-            }
-            out.append(self.session.run(["sentence_embedding"], {k: v for k, v in feed.items() if k in self.inputs})[0])
-        out = np.concatenate(out)
+        out = embed(self.session, self.tokenizer, [(prompt or "") + t for t in texts], batch_size)
         return torch.from_numpy(out) if convert_to_tensor else out
 
     encode_query = encode_document = encode  # the evaluators pass the prompt (`evaluation.run` chooses it)
@@ -210,13 +184,12 @@ def main(argv: list[str] | None = None) -> None:
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
         built = {family: build(family, Path(tmp)) for family in tqdm(families, desc="export", unit="family")}
+        sessions = {family: runners(folder, graph, backends, threads) for family, (folder, graph) in built.items()}
         rates = {}
         for batch_size, seq_len in tqdm(shapes, desc="timing", unit="shape"):
-            for family, (folder, graph) in built.items():
-                feed = random_feed(folder, batch_size, seq_len)
-                rates[family, batch_size, seq_len] = median_rates(
-                    runners(folder, graph, backends, threads), feed, args.repeats, args.min_time
-                )
+            for family, (_, graph) in built.items():
+                feed = random_feed(graph, batch_size, seq_len)
+                rates[family, batch_size, seq_len] = median_rates(sessions[family], feed, args.repeats, args.min_time)
         print("| family | batch | tokens | " + " | ".join(f"{b} (seq/s)" for b in backends) + " | best / torch |")
         print("|---|---:|---:|" + "---:|" * (len(backends) + 1))
         for (family, batch_size, seq_len), rate in rates.items():

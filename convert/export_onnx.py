@@ -165,6 +165,14 @@ def run_graph(path_or_session, inputs: dict) -> list:
     return runner.run(None, {name: value.numpy() for name, value in inputs.items() if name in names})
 
 
+def embed(runner, tokenizer, texts: list[str], batch_size: int = 32):
+    """`sentence_embedding` of `texts` fed as a client feeds them (tokenised by `tokenizer`), in batches."""
+    import numpy as np
+
+    batches = range(0, len(texts), batch_size)
+    return np.concatenate([run_graph(runner, graph_inputs(tokenizer, texts[i : i + batch_size]))[0] for i in batches])
+
+
 def max_difference(got, expected, rows=None) -> float:
     """Largest |got - expected| (NaN must be NaN in both: else inf); `rows` masks the compared entries."""
     import numpy as np
@@ -186,16 +194,14 @@ def check_against_torch(path: Path, graph: SentenceEmbeddingGraph, batches: list
         with torch.no_grad():
             expected = [t.numpy() for t in graph(**inputs)]
         mask = (expected[2] if graph.routed else inputs["attention_mask"].numpy()).astype(bool)
-        worst = max(worst, max_difference(got[1], expected[1], mask))
-        worst = max(
-            worst, *(max_difference(a, b) for a, b in zip(got[:1] + got[2:], expected[:1] + expected[2:], strict=True))
-        )
+        for index, (a, b) in enumerate(zip(got, expected, strict=True)):  # token states: real positions only
+            worst = max(worst, max_difference(a, b, mask if index == 1 else None))
     return worst
 
 
 def check_against_encode(path: Path, model, tokenizer, task: str | None) -> float:
     """Largest |graph - `model.encode`| over texts sent as a client sends them (tokenised by `tokenizer`,
-    the folder's `tokenizer.json`): without a prompt and with each prompt, and a mixed batch."""
+    the folder's `tokenizer.json`): without a prompt and with each prompt (a one-task graph: its own)."""
     runner, worst = session(path), 0.0
     config = model[0].auto_model.config
     prompts = dict(model.prompts or {})
@@ -204,7 +210,7 @@ def check_against_encode(path: Path, model, tokenizer, task: str | None) -> floa
         if not task or config.tasks[config.task_index(name)] == task:
             cases.append((name, prompt))
     for name, prompt in cases:
-        got = run_graph(runner, graph_inputs(tokenizer, [prompt + text for text in CHECK_TEXTS]))[0]
+        got = embed(runner, tokenizer, [prompt + text for text in CHECK_TEXTS])
         kwargs = {"prompt_name": name} if name else {}
         if task:
             kwargs["task"] = task
@@ -236,7 +242,7 @@ def build_graph(folder: Path, st, task: str | None = None) -> SentenceEmbeddingG
 
 def export(args) -> Path:
     """Write the ONNX folder `args` describes; returns its path."""
-    from convert.onnx_folder import write_folder_files
+    from convert.onnx_folder import usage_card, write_folder_files
 
     if (Path(args.model_dir) / "aea_config.json").is_file():
         raise UsageError(
@@ -273,7 +279,7 @@ def export(args) -> Path:
         agreement = quantize_checked(tmp, st, client, args) if args.quantize else None
         info = onnx_config(graph, st, example, input_length, args, worst, agreement)
         write_json(tmp / "onnx_config.json", info)
-        (tmp / "README.md").write_text(usage(folder, info))
+        (tmp / "README.md").write_text(usage_card(folder.name, info))
     print(f"wrote {output} (max |onnxruntime - torch| {worst:.1e})")
     return output
 
@@ -303,21 +309,14 @@ def check_export(path: Path, graph: SentenceEmbeddingGraph, st, client, example:
 
 def quantize_checked(folder: Path, st, client, args) -> dict:
     """Write the int8 graph beside the fp32 one; refuse when a row's cosine to fp32 is below the bound."""
-    import numpy as np
-
     from convert.onnx_int8 import INT8_FILE, agreement_texts, quantize, row_cosines
 
     int8 = folder / "onnx" / INT8_FILE
     logger.info("quantising to int8 (%s)", int8.name)
     quantize(folder / GRAPH_FILE, int8)
     texts = agreement_texts(st.prompts or {})
-    fp32_session, int8_session = session(folder / GRAPH_FILE), session(int8)
-    fp32, quantized = [], []
-    for start in range(0, len(texts), 32):
-        feed = graph_inputs(client, texts[start : start + 32])
-        fp32.append(run_graph(fp32_session, feed)[0])
-        quantized.append(run_graph(int8_session, feed)[0])
-    cos = row_cosines(np.concatenate(quantized), np.concatenate(fp32))
+    fp32, quantized = embed(session(folder / GRAPH_FILE), client, texts), embed(session(int8), client, texts)
+    cos = row_cosines(quantized, fp32)
     agreement = {"file": f"onnx/{INT8_FILE}", "texts": len(texts), "min_cosine": round(float(cos.min()), 4)}
     agreement["mean_cosine"] = round(float(cos.mean()), 4)
     logger.info("int8 against fp32 over %d texts: cosine min %.4f, mean %.4f", len(texts), cos.min(), cos.mean())
@@ -340,7 +339,7 @@ def onnx_config(graph, st, example: dict, input_length: int, args, worst: float,
         "inputs": list(example),
         "outputs": output_names(graph),
         "sentence_transformers_modules": [type(module).__name__ for module in graph.head],
-        "dimension": int(graph(**example)[0].shape[1]),
+        "dimension": getattr(st, "get_embedding_dimension", st.get_sentence_embedding_dimension)(),
         "max_seq_length": st.max_seq_length,
         "input_length": input_length,
         "prompts": dict(st.prompts or {}),
@@ -358,13 +357,6 @@ def onnx_config(graph, st, example: dict, input_length: int, args, worst: float,
             exported_task=graph.task,
         )
     return result
-
-
-def usage(folder: Path, info: dict) -> str:
-    """The README of the ONNX folder."""
-    from convert.onnx_folder import usage_card
-
-    return usage_card(folder.name, info)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -103,7 +103,7 @@ def test_int8_graph_agrees_with_fp32_as_its_card_states(trained_mote, mote_onnx)
     texts = agreement_texts(st.prompts)[::5]
     int8 = run(mote_onnx, client_feed(mote_onnx, texts), config["int8"]["file"])[0]
     cos = row_cosines(int8, np.stack([st.encode([t])[0] for t in texts]))
-    assert cos.min() >= config["int8"]["min_cosine"] - 1e-3 >= 0.95 - 1e-3
+    assert cos.min() >= config["int8"]["min_cosine"] - 1e-3 >= 0.9 - 1e-3
 
 
 @pytest.mark.parametrize("implementation", ["eager", "grouped_mm", "batched_mm"])
@@ -151,7 +151,7 @@ def test_moe_and_comoe_folders_embed_as_encode(family, moe_dir, comoe_dir, moe_o
     texts = [st.prompts["query"] + TEXTS[0], *TEXTS[1:], LONG]
     sentence = run(out, client_feed(out, texts))[0]
     assert np.abs(sentence - st.encode(texts)).max() <= 1e-4
-    assert read_json(out / "onnx_config.json")["int8"]["min_cosine"] >= 0.98
+    assert read_json(out / "onnx_config.json")["int8"]["min_cosine"] >= 0.9
 
 
 @pytest.mark.parametrize(

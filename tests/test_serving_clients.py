@@ -35,11 +35,11 @@ print(json.dumps(result))
 """
 
 
-def mote_texts(st) -> tuple[list[str], list[str | None]]:
+def mote_texts(st) -> list[str]:
     """Every prompt (each task's), none, a long text: mixed in one list, as a client sends them."""
     names = [*st.prompts, None, None, "query"]
     texts = [TEXTS[i % len(TEXTS)] for i in range(len(names) - 1)] + [LONG]
-    return [(st.prompts[n] if n else "") + t for n, t in zip(names, texts, strict=True)], names
+    return [(st.prompts[n] if n else "") + t for n, t in zip(names, texts, strict=True)]
 
 
 def expected_embeddings(st, sent: list[str]) -> np.ndarray:
@@ -50,7 +50,7 @@ def expected_embeddings(st, sent: list[str]) -> np.ndarray:
 def test_fastembed_loads_the_folders_and_embeds_as_pytorch(trained_mote, mote_onnx, moe_dir, moe_onnx):
     assert FASTEMBED_PYTHON.is_file(), f"{FASTEMBED_PYTHON} missing: run bash scripts/setup_env.sh"
     st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
-    sent, _ = mote_texts(st)
+    sent = mote_texts(st)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)} | {"HF_HUB_OFFLINE": "1"}
     folders = [str(mote_onnx), str(moe_onnx)]
     done = subprocess.run(
@@ -79,7 +79,7 @@ def test_openvino_reads_the_graph_and_embeds_as_pytorch(family, request):
     }[family]
     source, folder = request.getfixturevalue(source), request.getfixturevalue(folder)
     st = SentenceTransformer(str(source), trust_remote_code=True)
-    sent, _ = mote_texts(st)
+    sent = mote_texts(st)
     feed = client_feed(folder, sent)
     core = openvino.Core()
     # the CPU plug-in runs bf16 where the CPU has it unless told f32 (docs/notes/serving-contract.md §3.1)
