@@ -68,6 +68,26 @@ def test_routed_mote_graph_embeds_as_encode_for_every_prompt_and_none(trained_mo
     assert np.abs(other[0] - expected[1]).max() > 1e-3
 
 
+def test_prefix_routed_folder_embeds_as_encode(tmp_path, capsys):
+    """A `--prefix-routes-only` folder (what the training recipe writes): the graph takes the prompt off after
+    the client truncated at max_seq_length + the longest prefix, so a long text keeps every token encode keeps."""
+    from conftest import save_trained_copy
+
+    from convert.upcycle import main as upcycle
+
+    upcycle(["--prefix-routes-only", "--output", str(tmp_path / "mote")])
+    save_trained_copy(str(tmp_path / "mote"), tmp_path / "trained", seed=7)
+    code, err = export(capsys, str(tmp_path / "trained"), "--output", str(tmp_path / "onnx"))
+    assert code == 0, err
+    st = SentenceTransformer(str(tmp_path / "trained"), trust_remote_code=True)
+    for name in [*st.prompts, None]:
+        texts = [LONG, TEXTS[0]]
+        sentence = run(
+            tmp_path / "onnx", client_feed(tmp_path / "onnx", [(st.prompts[name] if name else "") + t for t in texts])
+        )[0]
+        assert np.abs(sentence - st.encode(texts, prompt_name=name)).max() <= 1e-4, name
+
+
 def test_task_export_is_a_plain_graph(trained_mote, tmp_path, capsys):
     out = tmp_path / "query-onnx"
     code, err = export(capsys, str(trained_mote), "--task", "passage", "--output", str(out))

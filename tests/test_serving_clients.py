@@ -47,12 +47,14 @@ def expected_embeddings(st, sent: list[str]) -> np.ndarray:
     return np.stack([st.encode([text])[0] for text in sent])
 
 
-def test_fastembed_loads_the_folders_and_embeds_as_pytorch(trained_mote, mote_onnx, moe_dir, moe_onnx):
+def test_fastembed_loads_the_folders_and_embeds_as_pytorch(
+    trained_mote, mote_onnx, moe_dir, moe_onnx, comoe_dir, comoe_onnx
+):
     assert FASTEMBED_PYTHON.is_file(), f"{FASTEMBED_PYTHON} missing: run bash scripts/setup_env.sh"
     st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
     sent = mote_texts(st)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)} | {"HF_HUB_OFFLINE": "1"}
-    folders = [str(mote_onnx), str(moe_onnx)]
+    folders = [str(mote_onnx), str(moe_onnx), str(comoe_onnx)]
     done = subprocess.run(
         [str(FASTEMBED_PYTHON), "-c", FASTEMBED, json.dumps(sent), *folders],
         cwd="/",  # nothing of this repository on the path; fastembed's venv has no torch and no moe-embed
@@ -64,8 +66,9 @@ def test_fastembed_loads_the_folders_and_embeds_as_pytorch(trained_mote, mote_on
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout.splitlines()[-1])
     assert np.abs(np.array(got[folders[0]]) - expected_embeddings(st, sent)).max() <= 1e-4
-    moe = SentenceTransformer(moe_dir, trust_remote_code=True)
-    assert np.abs(np.array(got[folders[1]]) - expected_embeddings(moe, sent)).max() <= 1e-4
+    for source, folder in ((moe_dir, folders[1]), (comoe_dir, folders[2])):
+        model = SentenceTransformer(source, trust_remote_code=True)
+        assert np.abs(np.array(got[folder]) - expected_embeddings(model, sent)).max() <= 1e-4, folder
 
 
 @pytest.mark.parametrize("family", ["mote", "moe", "comoe"])
