@@ -13,8 +13,9 @@ MoTE-only parts). Backends: `torch` (the exported graph's PyTorch module, fp32, 
 `ort-int8` (onnxruntime CPU, as many threads as torch), `ov` (OpenVINO CPU reading `onnx/model.onnx`, f32
 precision hint) and `ov-int8` (OpenVINO reading the int8 ONNX file). Inputs are random token ids, no
 padding; a MoTE row starts with its task's prompt (`benchmarks.common.batch_of`). Rates are medians of
-interleaved rounds; each row's ratios are to PyTorch fp32 of the same family and to the dense model's
-same backend, same run.
+rounds that interleave the backends; the families run one after another, each family's sessions freed
+before the next (every session keeps the memory of its largest batch). Each row's ratios are to PyTorch
+fp32 of the same family and to the dense model's same backend, same run.
 
 `--accuracy` adds STS-B test and SciFact (the suite's scores, `evaluation.run`) of every family's fp32 and
 int8 graph through onnxruntime, fed as a client feeds them (`tokenizer.json` alone); it needs the data folder.
@@ -147,21 +148,28 @@ class OnnxEncoder:
     encode_query = encode_document = encode  # the evaluators pass the prompt (`evaluation.run` chooses it)
 
 
-def accuracy(folders: dict[str, Path], data_dir, tasks: list[str]) -> list[str]:
-    """The suite's `tasks` (STS-B test and SciFact by default) of each family's fp32 and int8 graph."""
-    from evaluation.data import data_dir as resolve
+def int8_scores(folder: Path, root: Path, tasks: list[str]) -> dict[str, list[float]]:
+    """The suite's `tasks` of a folder's fp32 and int8 graph, fed as a client feeds them."""
     from evaluation.run import TASKS, evaluate
 
+    return {
+        precision: [evaluate(OnnxEncoder(folder, file), TASKS[task], root) for task in tasks]
+        for precision, file in (("fp32", "onnx/model.onnx"), ("int8", INT8))
+    }
+
+
+def score_cells(scores: dict[str, list[float]]) -> str:
+    """`fp32 | int8 | delta` per task, as table cells."""
+    return " | ".join(f"{a:.2f} | {b:.2f} | {b - a:+.2f}" for a, b in zip(scores["fp32"], scores["int8"], strict=True))
+
+
+def accuracy(folders: dict[str, Path], data_dir, tasks: list[str]):
+    """Table rows, one per family as it is scored: the suite's `tasks` of its fp32 and int8 graph."""
+    from evaluation.data import data_dir as resolve
+
     root = resolve(data_dir)
-    rows = []
     for family, folder in tqdm(folders.items(), desc="accuracy", unit="family"):
-        scores = {}
-        for precision, file in (("fp32", "onnx/model.onnx"), ("int8", INT8)):
-            model = OnnxEncoder(folder, file)
-            scores[precision] = [evaluate(model, TASKS[task], root) for task in tasks]
-        cells = [f"{a:.2f} | {b:.2f} | {b - a:+.2f}" for a, b in zip(scores["fp32"], scores["int8"], strict=True)]
-        rows.append(f"| {family} | " + " | ".join(cells) + " |")
-    return rows
+        yield f"| {family} | {score_cells(int8_scores(folder, root, tasks))} |"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -184,12 +192,15 @@ def main(argv: list[str] | None = None) -> None:
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
         built = {family: build(family, Path(tmp)) for family in tqdm(families, desc="export", unit="family")}
-        sessions = {family: runners(folder, graph, backends, threads) for family, (folder, graph) in built.items()}
         rates = {}
-        for batch_size, seq_len in tqdm(shapes, desc="timing", unit="shape"):
-            for family, (_, graph) in built.items():
+        for family, (folder, graph) in tqdm(built.items(), desc="timing", unit="family"):
+            # One family's sessions at a time: every onnxruntime and OpenVINO session keeps the memory of its
+            # largest batch, and twenty of them at 128 x 128 exceed 24 GiB.
+            sessions = runners(folder, graph, backends, threads)
+            for batch_size, seq_len in shapes:
                 feed = random_feed(graph, batch_size, seq_len)
-                rates[family, batch_size, seq_len] = median_rates(sessions[family], feed, args.repeats, args.min_time)
+                rates[family, batch_size, seq_len] = median_rates(sessions, feed, args.repeats, args.min_time)
+            del sessions
         print("| family | batch | tokens | " + " | ".join(f"{b} (seq/s)" for b in backends) + " | best / torch |")
         print("|---|---:|---:|" + "---:|" * (len(backends) + 1))
         for (family, batch_size, seq_len), rate in rates.items():
@@ -201,13 +212,15 @@ def main(argv: list[str] | None = None) -> None:
                     dense = rates.get(("dense", batch_size, seq_len))
                     cell += f", {rate[backend] / dense[backend]:.2f} of dense)" if dense and family != "dense" else ")"
                 cells.append(cell)
-            best = max(rate[b] for b in backends if b != "torch") / rate["torch"] if "torch" in rate else float("nan")
+            others = [rate[b] for b in backends if b != "torch"]
+            best = max(others) / rate["torch"] if others and "torch" in rate else float("nan")
             print(f"| {family} | {batch_size} | {seq_len} | " + " | ".join(cells) + f" | {best:.2f} |")
         if args.accuracy:
             tasks = args.accuracy_tasks.split(",")
             print("\n| family | " + " | ".join(f"{t} fp32 | {t} int8 | delta" for t in tasks) + " |")
             print("|---|" + "---:|" * (3 * len(tasks)))
-            print("\n".join(accuracy({f: folder for f, (folder, _) in built.items()}, args.data_dir, tasks)))
+            for row in accuracy({f: folder for f, (folder, _) in built.items()}, args.data_dir, tasks):
+                print(row, flush=True)
 
 
 if __name__ == "__main__":

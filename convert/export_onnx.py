@@ -44,6 +44,7 @@ from torch import nn
 from convert.checkpoint import atomic_output_dir, read_json, write_json
 from convert.folders import EXPERT_MODELS, check_output, load_sentence_transformer, open_model_folder
 from convert.graph_prompts import PromptInputs, leading_specials
+from convert.onnx_int8 import DEFAULT_MIN_COSINE
 from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 logger = logging.getLogger("export_onnx")
@@ -377,8 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--int8-min-cosine",
         type=float,
-        default=None,
-        help="refuse the int8 graph when a row's cosine to fp32 is below this (default: 0.98)",
+        default=DEFAULT_MIN_COSINE,
+        help="refuse the int8 graph when a row's cosine to fp32 is below this (default: %(default)s)",
     )
     parser.add_argument("--opset", type=int, default=None, help="ONNX opset, 18..23 (default: the exporter's)")
     parser.add_argument(
@@ -388,12 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    from convert.onnx_int8 import DEFAULT_MIN_COSINE
-
-    args = build_parser().parse_args(argv)
-    if args.int8_min_cosine is None:
-        args.int8_min_cosine = DEFAULT_MIN_COSINE
-    return export(args)
+    return export(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -22,10 +22,12 @@ import numpy as np
 
 INT8_FILE = "model_qint8_avx512_vnni.onnx"
 AGREEMENT_TEXTS = Path(__file__).resolve().parent / "agreement_texts.txt"
-# Refuse below this minimum cosine. On the bundled MiniLM upcycled to MoTE the chosen setting gives min
-# 0.988 / mean 0.993 over 512 STS-B dev sentences, the per-tensor setting 0.938 (benchmarks/int8_settings.py).
-# Not yet tied to an accuracy loss: benchmarks/bench_serving.py --accuracy measures that.
-DEFAULT_MIN_COSINE = 0.98
+# Refuse below this minimum cosine. It sits between what was measured to keep accuracy and what was measured
+# to break agreement (`benchmarks/int8_accuracy.py` and `benchmarks/int8_settings.py`, docs/benchmarks.md):
+# the recipe's MoTE (examples/train_mote.yaml, seed 2) quantises at min 0.976 and loses 0.27 on STS-B and
+# nothing on SciFact, inside the 0.5-point budget, while per-tensor weights fall to 0.938. 0.97 accepts the
+# first with room for CPUs whose integer kernels round differently and refuses the second.
+DEFAULT_MIN_COSINE = 0.97
 
 
 def quantize(fp32: Path, int8: Path) -> None:

@@ -57,6 +57,29 @@ def test_serving_benchmark_runs(capsys):
 
 
 @pytest.mark.slow
+def test_int8_accuracy_script_runs(trained_mote, capsys):
+    out = run_repo_script(
+        "benchmarks/int8_accuracy.py", str(trained_mote), "--data-dir", str(FIXTURE_DATA), capsys=capsys
+    )
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(f"| {trained_mote.name} ")]
+    assert len(rows) == 1
+    values = [float(v.rstrip(" |")) for v in rows[0][1:]]
+    low, mean = values[:2]  # the exporter's agreement, then fp32, int8, delta for STS-B and SciFact
+    assert 0.5 < low <= mean <= 1.0 + 1e-6
+    for fp32, int8, delta in (values[2:5], values[5:8]):
+        assert 0 < fp32 <= 100 and 0 < int8 <= 100 and abs(int8 - fp32 - delta) < 0.011
+
+
+def test_int8_accuracy_script_refuses_bad_input(tmp_path, capsys):
+    for args in ([str(tmp_path)], ["--tasks", "NoSuchTask"]):
+        with pytest.raises(SystemExit) as exit_info:
+            run_repo_script("benchmarks/int8_accuracy.py", *args, capsys=capsys)
+        assert exit_info.value.code == 2
+    errors = capsys.readouterr().err
+    assert "expected config.json" in errors and "expected suite tasks" in errors
+
+
+@pytest.mark.slow
 def test_int8_settings_script_runs(capsys):
     out = run_repo_script("benchmarks/int8_settings.py", "--data-dir", str(FIXTURE_DATA), "--texts", "4", capsys=capsys)
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| QInt8") or line.startswith("| QUInt8")]
