@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if missing) and install the project with its dev, train and analysis extras.
+# Create .venv (if missing) and install the project with its dev, train, analysis, onnx and openvino extras.
 # torch is installed first and pinned to 2.13.0 (a CPU wheel on this machine's disk): an unpinned
 # request would pull a multi-GB CUDA build. Set MOE_EMBED_TORCH to install another torch spec.
 set -euo pipefail
