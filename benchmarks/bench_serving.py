@@ -35,11 +35,13 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmarks.common import batch_of, median_rates, prepare, timing_parser
+from convert.export_onnx import GRAPH_FILE
+from convert.onnx_int8 import INT8_FILE
 from evaluation.data import DATA_DIR_HELP
 
 FAMILIES = ("dense", "mote", "mote-query", "moe", "comoe")
 BACKENDS = ("torch", "ort", "ort-int8", "ov", "ov-int8")
-INT8 = "onnx/model_qint8_avx512_vnni.onnx"
+INT8 = f"onnx/{INT8_FILE}"
 
 
 def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
@@ -59,8 +61,8 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
         graph = SentenceEmbeddingGraph(st[0].auto_model.eval(), list(st)[1:])
         out.mkdir()
         client = write_folder_files(Path(bundled_minilm_path()), out, st, st.max_seq_length)
-        export_graph(graph, graph_inputs(client, ["an example", "two"]), out / "onnx" / "model.onnx", None)
-        quantize(out / "onnx" / "model.onnx", out / INT8)
+        export_graph(graph, graph_inputs(client, ["an example", "two"]), out / GRAPH_FILE, None)
+        quantize(out / GRAPH_FILE, out / INT8)
         return out, graph
     options = {"mote": [], "mote-query": [], "moe": ["--arch", "moe", "--expert-noise", "0.02"]}
     options["comoe"] = ["--arch", "comoe"]
@@ -89,7 +91,7 @@ def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
             return graph(**{k: torch.from_numpy(v) for k, v in feed.items()})
 
         runs["torch"] = run_torch
-    for name, file in (("ort", "onnx/model.onnx"), ("ort-int8", INT8)):
+    for name, file in (("ort", GRAPH_FILE), ("ort-int8", INT8)):
         if name in backends:
             import onnxruntime
 
@@ -101,7 +103,7 @@ def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
                 ["sentence_embedding"], {k: v for k, v in feed.items() if k in inputs}
             )
     for name, file, config in (
-        ("ov", "onnx/model.onnx", {"INFERENCE_PRECISION_HINT": "f32"}),
+        ("ov", GRAPH_FILE, {"INFERENCE_PRECISION_HINT": "f32"}),
         ("ov-int8", INT8, {}),
     ):
         if name in backends:
@@ -154,7 +156,7 @@ def int8_scores(folder: Path, root: Path, tasks: list[str]) -> dict[str, list[fl
 
     return {
         precision: [evaluate(OnnxEncoder(folder, file), TASKS[task], root) for task in tasks]
-        for precision, file in (("fp32", "onnx/model.onnx"), ("int8", INT8))
+        for precision, file in (("fp32", GRAPH_FILE), ("int8", INT8))
     }
 
 

@@ -20,29 +20,21 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import numpy as np
-
-from convert.export_onnx import graph_inputs
+from convert.export_onnx import embed, session
 from convert.export_onnx import main as export_onnx
+from convert.onnx_int8 import quantize, row_cosines
 from convert.upcycle import main as upcycle
 from evaluation.data import DATA_DIR_HELP, data_dir, sts_pairs
 from moe_embed_cli import HelpFormatter, run_cli
 
 SETTINGS = [  # (weights, per_channel, reduce_range, operators)
-    ("QInt8", False, False, ["MatMul"]),
-    ("QInt8", True, False, ["MatMul"]),
-    ("QInt8", False, True, ["MatMul"]),
-    ("QInt8", False, False, ["MatMul", "Gather"]),
-    ("QUInt8", False, False, ["MatMul"]),
-    ("QInt8", True, False, ["MatMul", "Gather"]),
+    ("QInt8", False, False, ("MatMul",)),
+    ("QInt8", True, False, ("MatMul",)),
+    ("QInt8", False, True, ("MatMul",)),
+    ("QInt8", False, False, ("MatMul", "Gather")),
+    ("QUInt8", False, False, ("MatMul",)),
+    ("QInt8", True, False, ("MatMul", "Gather")),
 ]
-
-
-def embed(path: Path, feeds: list[dict]) -> np.ndarray:
-    import onnxruntime
-
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return np.concatenate([session.run(["sentence_embedding"], feed)[0] for feed in feeds])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -50,7 +42,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--texts", type=int, default=256, help="STS-B dev sentence pairs to embed")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     args = parser.parse_args(argv)
-    from onnxruntime.quantization import QuantType, quantize_dynamic
     from tokenizers import Tokenizer
 
     pairs = sts_pairs(data_dir(args.data_dir) / "sts/stsb", ["dev.tsv"])
@@ -58,26 +49,15 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         upcycle(["--output", str(work / "mote")])
         export_onnx([str(work / "mote"), "--output", str(work / "onnx")])
+        fp32 = work / "onnx" / "onnx" / "model.onnx"
         tokenizer = Tokenizer.from_file(str(work / "onnx" / "tokenizer.json"))  # as a client tokenises
         texts = pairs.sentences1[: args.texts] + ["search_query: " + text for text in pairs.sentences2[: args.texts]]
-        feeds = []
-        for start in range(0, len(texts), 64):
-            batch = graph_inputs(tokenizer, texts[start : start + 64])
-            feeds.append({name: value.numpy() for name, value in batch.items()})
-        reference = embed(work / "onnx" / "onnx" / "model.onnx", feeds)
+        reference = embed(session(fp32), tokenizer, texts, batch_size=64)
         print("| weights | per-channel | reduce_range | ops | min cos | mean cos |\n|---|---|---|---|---:|---:|")
         for weights, per_channel, reduce_range, operators in SETTINGS:
             path = work / "int8.onnx"
-            quantize_dynamic(
-                str(work / "onnx" / "onnx" / "model.onnx"),
-                str(path),
-                weight_type=getattr(QuantType, weights),
-                per_channel=per_channel,
-                reduce_range=reduce_range,
-                op_types_to_quantize=operators,
-            )
-            got = embed(path, feeds)
-            cos = (got * reference).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(reference, axis=1)
+            quantize(fp32, path, weights, per_channel, reduce_range, operators)
+            cos = row_cosines(embed(session(path), tokenizer, texts, batch_size=64), reference)
             print(
                 f"| {weights} | {'yes' if per_channel else 'no'} | {'yes' if reduce_range else 'no'} | "
                 f"{', '.join(operators)} | {cos.min():.4f} | {cos.mean():.4f} |",

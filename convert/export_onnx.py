@@ -187,9 +187,9 @@ def max_difference(got, expected, rows=None) -> float:
     return float(diff.max()) if diff.size else 0.0
 
 
-def check_against_torch(path: Path, graph: SentenceEmbeddingGraph, batches: list[dict]) -> float:
+def check_against_torch(runner, graph: SentenceEmbeddingGraph, batches: list[dict]) -> float:
     """Largest |ONNX Runtime - PyTorch graph| over `batches`, every output (token states where real)."""
-    runner, worst = session(path), 0.0
+    worst = 0.0
     for inputs in batches:
         got = run_graph(runner, inputs)
         with torch.no_grad():
@@ -200,10 +200,10 @@ def check_against_torch(path: Path, graph: SentenceEmbeddingGraph, batches: list
     return worst
 
 
-def check_against_encode(path: Path, model, tokenizer, task: str | None) -> float:
+def check_against_encode(runner, model, tokenizer, task: str | None) -> float:
     """Largest |graph - `model.encode`| over texts sent as a client sends them (tokenised by `tokenizer`,
     the folder's `tokenizer.json`): without a prompt and with each prompt (a one-task graph: its own)."""
-    runner, worst = session(path), 0.0
+    worst = 0.0
     config = model[0].auto_model.config
     prompts = dict(model.prompts or {})
     cases = [(None, "")] if task or getattr(config, "default_task", True) is not None else []  # strict: no
@@ -276,8 +276,9 @@ def export(args) -> Path:
         logger.info("tracing and exporting %s (one pass, 20-60 s on 2 CPU cores)", folder)
         export_graph(graph, example, tmp / GRAPH_FILE, args.opset)
         logger.info("exported in %.1f s", time.perf_counter() - start)
-        worst = check_export(tmp / GRAPH_FILE, graph, st, client, example, args)
-        agreement = quantize_checked(tmp, st, client, args) if args.quantize else None
+        fp32 = session(tmp / GRAPH_FILE)  # one session for every check
+        worst = check_export(fp32, graph, st, client, example, args)
+        agreement = quantize_checked(tmp, fp32, st, client, args) if args.quantize else None
         info = onnx_config(graph, st, example, input_length, args, worst, agreement)
         write_json(tmp / "onnx_config.json", info)
         (tmp / "README.md").write_text(usage_card(folder.name, info))
@@ -285,7 +286,7 @@ def export(args) -> Path:
     return output
 
 
-def check_export(path: Path, graph: SentenceEmbeddingGraph, st, client, example: dict, args) -> float:
+def check_export(runner, graph: SentenceEmbeddingGraph, st, client, example: dict, args) -> float:
     """Refuse the graph unless it matches the PyTorch graph and `encode` within `--tolerance`."""
     batches = [graph_inputs(client, CHECK_TEXTS), graph_inputs(client, ["a"])]
     if graph.routed and not graph.task:  # every task's prompt in one batch, in another order than the example
@@ -298,8 +299,8 @@ def check_export(path: Path, graph: SentenceEmbeddingGraph, st, client, example:
         batches = [{**b, "task_ids": torch.arange(len(b["input_ids"])) % 3 - 1} for b in batches]
     batches = [{name: value for name, value in b.items() if name in example} for b in batches]
     logger.info("checking the graph against PyTorch and SentenceTransformer.encode with onnxruntime")
-    worst = check_against_torch(path, graph, batches)
-    encoded = check_against_encode(path, st, client, graph.task)
+    worst = check_against_torch(runner, graph, batches)
+    encoded = check_against_encode(runner, st, client, graph.task)
     logger.info("max |onnxruntime - torch| %.2e; max |onnxruntime - encode| %.2e", worst, encoded)
     if not max(worst, encoded) <= args.tolerance:
         raise UsageError(
@@ -308,15 +309,16 @@ def check_export(path: Path, graph: SentenceEmbeddingGraph, st, client, example:
     return max(worst, encoded)
 
 
-def quantize_checked(folder: Path, st, client, args) -> dict:
-    """Write the int8 graph beside the fp32 one; refuse when a row's cosine to fp32 is below the bound."""
+def quantize_checked(folder: Path, fp32_runner, st, client, args) -> dict:
+    """Write the int8 graph beside the fp32 one (`fp32_runner`: its session); refuse when a row's cosine to
+    fp32 is below the bound."""
     from convert.onnx_int8 import INT8_FILE, agreement_texts, quantize, row_cosines
 
     int8 = folder / "onnx" / INT8_FILE
     logger.info("quantising to int8 (%s)", int8.name)
     quantize(folder / GRAPH_FILE, int8)
     texts = agreement_texts(st.prompts or {})
-    fp32, quantized = embed(session(folder / GRAPH_FILE), client, texts), embed(session(int8), client, texts)
+    fp32, quantized = embed(fp32_runner, client, texts), embed(session(int8), client, texts)
     cos = row_cosines(quantized, fp32)
     agreement = {"file": f"onnx/{INT8_FILE}", "texts": len(texts), "min_cosine": round(float(cos.min()), 4)}
     agreement["mean_cosine"] = round(float(cos.mean()), 4)

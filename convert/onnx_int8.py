@@ -30,14 +30,27 @@ AGREEMENT_TEXTS = Path(__file__).resolve().parent / "agreement_texts.txt"
 DEFAULT_MIN_COSINE = 0.97
 
 
-def quantize(fp32: Path, int8: Path) -> None:
-    """Dynamic int8 quantisation of `fp32` to `int8` (per-channel QInt8 MatMul weights)."""
+def quantize(
+    fp32: Path,
+    int8: Path,
+    weights: str = "QInt8",
+    per_channel: bool = True,
+    reduce_range: bool = False,
+    operators: tuple[str, ...] = ("MatMul",),
+) -> None:
+    """Dynamic int8 quantisation of `fp32` to `int8`; the defaults are the chosen setting (per-channel QInt8
+    MatMul weights), the others are what `benchmarks/int8_settings.py` compares it with."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     logging.disable(logging.INFO)  # the quantiser logs every tensor it skips at INFO on the root logger
     try:
         quantize_dynamic(
-            str(fp32), str(int8), weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"]
+            str(fp32),
+            str(int8),
+            weight_type=getattr(QuantType, weights),
+            per_channel=per_channel,
+            reduce_range=reduce_range,
+            op_types_to_quantize=list(operators),
         )
     finally:
         logging.disable(logging.NOTSET)
