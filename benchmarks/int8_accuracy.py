@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 from benchmarks.bench_serving import int8_scores, score_cells
 from convert.checkpoint import read_json
 from convert.export_onnx import main as export_onnx
+from convert.folders import EXPERT_MODELS, open_model_folder
 from convert.upcycle import main as upcycle
 from evaluation.data import DATA_DIR_HELP, data_dir
 from evaluation.run import TASKS
@@ -31,7 +32,11 @@ from moe_embed_cli import HelpFormatter, UsageError, run_cli
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("model_dirs", nargs="*", help="folders to export (default: the bundled MiniLM as MoTE)")
+    parser.add_argument(
+        "model_dirs",
+        nargs="*",
+        help="MoTE, MoE or CoMoE folders (or Hub ids) to export (default: the bundled MiniLM as MoTE)",
+    )
     parser.add_argument("--tasks", default="STSBenchmark,SciFact", help="comma-separated suite tasks")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     args = parser.parse_args(argv)
@@ -39,9 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [task for task in tasks if task not in TASKS]
     if unknown:
         raise UsageError(f"unknown --tasks {unknown}; expected suite tasks from {', '.join(TASKS)}")
-    for folder in args.model_dirs:
-        if not (Path(folder) / "config.json").is_file():
-            raise UsageError(f"{folder} is not a model folder: expected config.json in it")
+    for folder in args.model_dirs:  # every folder before the first long export, as the exporter checks it
+        open_model_folder(folder, EXPERT_MODELS)
     root = data_dir(args.data_dir)
     print("| model | min cos | mean cos | " + " | ".join(f"{t} fp32 | {t} int8 | delta" for t in tasks) + " |")
     print("|---|---:|---:|" + "---:|" * (3 * len(tasks)), flush=True)

@@ -76,7 +76,7 @@ def test_int8_accuracy_script_refuses_bad_input(tmp_path, capsys):
             run_repo_script("benchmarks/int8_accuracy.py", *args, capsys=capsys)
         assert exit_info.value.code == 2
     errors = capsys.readouterr().err
-    assert "expected config.json" in errors and "expected suite tasks" in errors
+    assert "no config.json" in errors and "expected suite tasks" in errors
 
 
 @pytest.mark.slow
