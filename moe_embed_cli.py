@@ -1,49 +1,57 @@
-"""The command-line contract of every script of this package (`convert/`, `training/`, `evaluation/`,
-`experiments/`): bad input ends the run with one line on stderr and exit code 2, never a traceback.
+"""moe-embed: mixture-of-experts text embedding models for transformers and sentence-transformers.
 
-Code raises `UsageError` where the user's input (arguments, files, data, configs) is wrong; the
-script's entry point is `run_cli(main)`, which also turns an `OSError` (unwritable output, full
-disk, missing file) into the same one line. Anything else is a bug and keeps its traceback.
+One command for every tool of the package; `moe-embed SUBCOMMAND --help` describes each. A subcommand
+is a thin parser over a typed function that code can call too (`convert.upcycle.upcycle(UpcycleOptions(...))`,
+`training.train.train(...)`, ...); `python convert/upcycle.py` and `python -m training.train` are the same
+commands. Bad input ends with one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
+import importlib
 import sys
-from collections.abc import Callable
-from typing import TypeVar
 
-T = TypeVar("T")
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """`--help` of every script: the description as written, and each option's default appended once,
-    only where its help text does not already state one and there is a value to state."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if "default" in text or default in (None, False, argparse.SUPPRESS) or not action.option_strings:
-            return text
-        return f"{text} (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
-
-
-class UsageError(Exception):
-    """Bad input to a command-line tool: reported as `error: <message>` on stderr with exit code 2."""
+# subcommand -> (module, entry point, one line of help); a module is imported only when its subcommand runs,
+# so `moe-embed --help` and each subcommand's `--help` answer at once
+SUBCOMMANDS = {
+    "upcycle": ("convert.upcycle", "main", "a dense checkpoint -> MoTE, token-routed MoE or CoMoE folder"),
+    "merge": ("convert.merge_experts", "main", "experts -> one dense model (Expert Averaging, one task, CoMoE)"),
+    "extract-adapter": ("convert.extract_adapter", "main", "a CoMoE folder -> its adapter-only folder"),
+    "export": ("convert.export_onnx", "main", "a folder -> portable ONNX (and int8) for serving engines"),
+    "push": ("convert.push_to_hub", "main", "validate a folder and publish it to the Hugging Face Hub"),
+    "calibrate-aea": ("convert.calibrate_aea", "main", "AEA expert allocation for a trained MoE model"),
+    "train": ("training.train", "main", "task-aware contrastive training (TA-CL) from a YAML config"),
+    "mine": ("training.data_tools", "main_mine", "positive-aware hard-negative mining of JSONL pairs"),
+    "filter": ("training.data_tools", "main_filter", "consistency filtering of JSONL pairs"),
+    "evaluate": ("evaluation.run", "main", "scores on the evaluation suite"),
+    "intertask": ("evaluation.intertask", "main", "inter-task similarity of task embeddings (MoTE Fig. 3)"),
+    "expert-usage": ("evaluation.expert_usage", "main", "routing shares and expert similarity per layer"),
+}
 
 
-def run_cli(main: Callable[[list[str] | None], T], argv: list[str] | None = None) -> T:
-    """Call `main(argv)` with logging set up; `UsageError` and `OSError` become one stderr line and exit 2."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return main(argv)
-    except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except OSError as error:  # the user's environment, not a bug
-        print(f"error: {error.strerror or error}: {error.filename or ''}".rstrip(": "), file=sys.stderr)
-        raise SystemExit(2) from None
+def usage() -> str:
+    width = max(len(name) for name in SUBCOMMANDS)
+    rows = "\n".join(f"  {name:<{width}}  {text}" for name, (_, _, text) in SUBCOMMANDS.items())
+    return f"usage: moe-embed SUBCOMMAND [options]   (moe-embed SUBCOMMAND --help)\n\n{__doc__}\nsubcommands:\n{rows}\n"
 
 
-__all__ = ["HelpFormatter", "UsageError", "run_cli"]
+def main(argv: list[str] | None = None) -> int:
+    """Run `moe-embed SUBCOMMAND ...` (the console script); returns the exit code."""
+    from moe_embed.usage import run_cli
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"error: unknown subcommand {name!r}; expected one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        return 2
+    module, entry, _ = SUBCOMMANDS[name]
+    function = getattr(importlib.import_module(module), entry)
+    run_cli(lambda args: function(args, f"moe-embed {name}"), rest)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

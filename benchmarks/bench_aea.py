@@ -1,10 +1,10 @@
 """Encode throughput of AEA against the unmodified model, in the same run; and the calibration time.
 
-    python benchmarks/bench_aea.py                       # batch 1, 32, 128 x 32 and 128 tokens
-    python benchmarks/bench_aea.py --batch-sizes 32 --seq-lens 32 --repeats 3
+    python -m benchmarks.bench_aea                       # batch 1, 32, 128 x 32 and 128 tokens
+    python -m benchmarks.bench_aea --batch-sizes 32 --seq-lens 32 --repeats 3
 
 Two models: the bundled MiniLM upcycled to the token-routed MoE as in `experiments.aea_moe_encoder`
-(8 experts, top-2, every layer, expert noise 0.02 so that experts differ) and a small random OLMoE
+(8 experts, top-2, every layer, expert noise 0.02 so that experts differ; `ENCODER`) and a small random OLMoE
 (8 layers, hidden 512, 16 experts, top-4). For each shape the script times, in interleaved rounds,
 the unmodified model on its default attention (sdpa) up to the default exit layer (L for the encoder,
 L-1 for the decoder: the plain embedding, `--allocation none`), AEA up to the same layer with
@@ -19,23 +19,25 @@ ones). The calibration time is `measure_homogeneity` on 1,000 texts of 32 tokens
 from __future__ import annotations
 
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel
 
 from benchmarks.common import prepare, time_forward, timing_parser
-from convert.checkpoint import bundled_minilm_path
-from convert.upcycle import main as upcycle
-from experiments.aea_moe_encoder import UPCYCLE
-from modeling.aea import AdaptiveExpertAllocation, allocate_layers, find_moe_layers, measure_homogeneity
+from convert.upcycle import UpcycleOptions, upcycle
+from modeling.aea_allocation import allocate_layers
+from modeling.aea_controller import AdaptiveExpertAllocation
+from modeling.aea_homogeneity import measure_homogeneity
+from modeling.aea_layers import experts_arguments, find_moe_layers
+from moe_embed.usage import parse, run_cli
+
+# the MoE encoder of experiments/aea_moe_encoder.py: every layer, 8 experts, top-2, experts that differ
+ENCODER = {"arch": "moe", "moe_layers": "all", "num_experts": 8, "experts_per_token": 2}
+ENCODER.update(norm_topk_prob=True, expert_noise=0.02)
 
 OLMOE = dict(
     vocab_size=32000,
@@ -88,12 +90,11 @@ def controllers(eager_model, sdpa_model, exit_layer: int, texts: int):
 @torch.inference_mode()
 def expert_rows(controller, batch: dict) -> int:
     """(token, expert) pairs the experts compute in one call of `controller`: the expert work done."""
-    from modeling.aea import _experts_arguments
 
     count = [0]
 
     def hook(module, args, kwargs):  # registered after the controller's: sees what reaches the experts
-        count[0] += _experts_arguments(args, kwargs)[1].numel()
+        count[0] += experts_arguments(args, kwargs)[1].numel()
 
     with controller.apply():
         handles = [h.experts.register_forward_pre_hook(hook, with_kwargs=True) for h in controller.layers if h.experts]
@@ -135,12 +136,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = timing_parser(__doc__.split("\n\n")[0], "ignored: the two models are built by the script")
     parser.set_defaults(seq_lens="32,128")
     parser.add_argument("--calibration-texts", type=int, default=1000, help="texts to time the calibration on")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     shapes = prepare(args)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "moe"
-        upcycle(["--base", bundled_minilm_path(), *UPCYCLE, "--output", str(folder)])
+        upcycle(UpcycleOptions(output=folder, **ENCODER))
         encoder = moe_encoder(folder, "sdpa")
         rows += bench_model("MoE MiniLM", encoder, moe_encoder(folder, "eager"), 6, shapes, args)
     decoder = small_olmoe("sdpa")
@@ -156,4 +157,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -1,8 +1,8 @@
 """CoMoE-PEFT against the dense MiniLM, in the same run: encode throughput of CoMoE and of its merged
 export, training steps/s of CoMoE, MoE-LoRA, plain LoRA and full fine-tuning, trainable parameters.
 
-    python benchmarks/bench_comoe.py                                  # batch 1, 32, 128 x 16 and 256 tokens
-    python benchmarks/bench_comoe.py --batch-sizes 32 --seq-lens 16 --repeats 3 --train-steps 5
+    python -m benchmarks.bench_comoe                                  # batch 1, 32, 128 x 16 and 256 tokens
+    python -m benchmarks.bench_comoe --batch-sizes 32 --seq-lens 16 --repeats 3 --train-steps 5
 
 CoMoE is the bundled MiniLM upcycled with `--arch comoe` (4 experts, top-2, r 16, q/k/v/o in all
 layers) with random `B` (as after training; B's values do not change the cost). Encode: forward
@@ -22,18 +22,16 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel
 
 from benchmarks.common import prepare, time_forward, timing_parser
-from convert.checkpoint import bundled_minilm_path
-from convert.merge_experts import dense_config, merge_comoe
-from convert.upcycle import main as upcycle
+from convert.merging import dense_config
+from convert.upcycle import UpcycleOptions, upcycle
 from modeling.modeling_comoe import CoMoeBertModel
+from moe_embed.folders import bundled_minilm_path
+from moe_embed.usage import parse, run_cli
 
 
 def linear_shapes(config) -> list[tuple[int, int]]:
@@ -89,13 +87,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-steps", type=int, default=10, help="timed optimizer steps per training variant")
     parser.add_argument("--train-batch", type=int, default=32, help="pairs per training batch")
     parser.add_argument("--train-tokens", type=int, default=64, help="tokens per training text")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
 
     dense = AutoModel.from_pretrained(bundled_minilm_path(), attn_implementation="sdpa").eval()
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model or str(Path(tmp) / "comoe")
         if args.model is None:
-            upcycle(["--arch", "comoe", "--output", folder])
+            upcycle(UpcycleOptions(output=folder, arch="comoe"))
         comoe = CoMoeBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -106,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     config = comoe.config
     shares = torch.full((len(config.adapted_linears()), config.num_local_experts), 1 / config.num_local_experts)
     merged = AutoModel.from_config(dense_config(config.to_dict()), attn_implementation="sdpa")
-    merged.load_state_dict(merge_comoe(comoe, shares))
+    merged.load_state_dict(comoe.merged_state_dict(shares))
     merged.eval()
     trainable, total = comoe.num_parameters_by_kind()
     print(
@@ -171,4 +169,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -1,7 +1,7 @@
 """Encode throughput of MoTE under `torch.compile` against eager PyTorch, in the same run.
 
-    python benchmarks/bench_compile.py                         # batch 32 and 128 x 64 tokens
-    python benchmarks/bench_compile.py --batch-sizes 8 --seq-lens 16 --repeats 1
+    python -m benchmarks.bench_compile                         # batch 32 and 128 x 64 tokens
+    python -m benchmarks.bench_compile --batch-sizes 8 --seq-lens 16 --repeats 1
 
 The bundled MiniLM upcycled to MoTE (`--model` for another MoTE folder), compiled with the default
 inductor backend, in three ways: one named task (`task="query"`, `fullgraph=True`); a batch mixing the
@@ -14,21 +14,18 @@ compiled and eager, in interleaved rounds, with the ratio compiled / eager.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
 from benchmarks.common import batch_of, median_rates, prepare, timing_parser
-from convert.upcycle import main as upcycle
+from convert.upcycle import UpcycleOptions, upcycle
 from modeling.modeling_mote import MoteBertModel
+from moe_embed.usage import parse, run_cli
 
 VARIANTS = {
     "task='query', fullgraph": ({"task": "query"}, True, True),
@@ -70,12 +67,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = timing_parser(__doc__.split("\n\n")[0], "MoTE folder (default: the bundled MiniLM upcycled)")
     parser.set_defaults(batch_sizes="32,128", seq_lens="64")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (default: inductor)")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     shapes = prepare(args)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model or str(Path(tmp) / "mote")
         if not args.model:
-            upcycle(["--output", folder])
+            upcycle(UpcycleOptions(output=folder))
         model = MoteBertModel.from_pretrained(folder).eval()
     rows = [row for name in VARIANTS for row in bench(model, name, shapes, args)]
     print("| MoTE | batch | tokens | eager (seq/s) | compiled (seq/s) | compiled / eager | graphs | compile s |")
@@ -84,4 +81,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -1,7 +1,7 @@
 """Peak memory and load time of dense / MoTE all tasks / MoTE one task / Expert Averaging, in one run.
 
-    python benchmarks/bench_memory.py
-    python benchmarks/bench_memory.py --repeats 5 --texts 256
+    python -m benchmarks.bench_memory
+    python -m benchmarks.bench_memory --repeats 5 --texts 256
 
 Each variant is loaded with `SentenceTransformer` in its own fresh process (so peaks do not mix),
 which then encodes the same texts with the `query` prompt. The process reports the parameter
@@ -23,10 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from moe_embed.usage import command_parser, parse, run_cli
 
-from moe_embed_cli import HelpFormatter  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TEXTS = [f"Sentence number {i} about search, embeddings and mixtures of task experts." for i in range(1024)]
 
@@ -70,25 +69,25 @@ def throughput(dense_path: str, ea_path: str, repeats: int, num_texts: int) -> t
     return statistics.median(rates["dense"]), statistics.median(rates["ea"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    parser = command_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (fresh processes) per variant")
     parser.add_argument("--texts", type=int, default=256, help="texts encoded per measurement")
     parser.add_argument("--worker", nargs=3, metavar=("FOLDER", "KWARGS_JSON", "TEXTS"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parse(parser, argv)
     if args.worker:
         folder, kwargs, num_texts = args.worker
         return worker(folder, json.loads(kwargs), int(num_texts))
 
-    from convert.checkpoint import bundled_minilm_path
-    from convert.merge_experts import main as merge
-    from convert.upcycle import main as upcycle
+    from convert.merge_experts import MergeOptions, merge
+    from convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.folders import bundled_minilm_path
 
     dense = bundled_minilm_path()
     with tempfile.TemporaryDirectory() as tmp:
         mote, ea = str(Path(tmp) / "mote"), str(Path(tmp) / "ea")
-        upcycle(["--output", mote, "--no-verify"])
-        merge([mote, "--output", ea])
+        upcycle(UpcycleOptions(output=mote, no_verify=True))
+        merge(MergeOptions(model_dir=mote, output=ea))
         variants = {
             "dense (all-MiniLM-L6-v2)": (dense, {}),
             "MoTE, all 4 tasks": (mote, {"trust_remote_code": True}),
@@ -102,10 +101,19 @@ def main() -> None:
         for round_ in range(args.repeats):
             for name, (folder, kwargs) in list(variants.items())[:: 1 if round_ % 2 == 0 else -1]:
                 out = subprocess.run(
-                    [sys.executable, __file__, "--worker", folder, json.dumps(kwargs), str(args.texts)],
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.bench_memory",
+                        "--worker",
+                        folder,
+                        json.dumps(kwargs),
+                        str(args.texts),
+                    ],
                     capture_output=True,
                     text=True,
                     check=True,
+                    cwd=REPO,  # benchmarks/ is not installed: run from the repository root
                 )
                 results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
         dense_rate, ea_rate = throughput(dense, ea, args.repeats * 2, args.texts)
@@ -127,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -1,7 +1,7 @@
 """Encode throughput of the dense MiniLM against the upcycled token-routed MoE, in the same run.
 
-    python benchmarks/bench_moe.py                       # batch 1, 32, 128 x 16 and 256 tokens
-    python benchmarks/bench_moe.py --batch-sizes 32 --seq-lens 16 --repeats 3
+    python -m benchmarks.bench_moe                       # batch 1, 32, 128 x 16 and 256 tokens
+    python -m benchmarks.bench_moe --batch-sizes 32 --seq-lens 16 --repeats 3
 
 The MoE is the bundled MiniLM upcycled with the converter's defaults for `--arch moe` (8 experts,
 top-2, every other layer, normal router init). For each shape the script times forward passes
@@ -20,17 +20,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel
 
 from benchmarks.common import prepare, time_forward, timing_parser
-from convert.checkpoint import bundled_minilm_path
-from convert.upcycle import main as upcycle
+from convert.upcycle import UpcycleOptions, upcycle
 from modeling.modeling_moe import MoeBertModel
+from moe_embed.folders import bundled_minilm_path
+from moe_embed.usage import parse, run_cli
 
 IMPLEMENTATIONS = ["eager", "grouped_mm", "batched_mm"]
 
@@ -58,17 +56,17 @@ def batched_mm_gigabytes(config, tokens: int) -> float:
     return tokens * config.num_experts_per_tok * per_slot / 1e9
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = timing_parser(__doc__, "an upcycled MoE folder (default: upcycle the bundled MiniLM)")
     parser.add_argument("--batched-mm-max-gb", type=float, default=2.0, help="skip batched_mm above this memory")
-    args = parser.parse_args()
+    args = parse(parser, argv)
 
     dense = AutoModel.from_pretrained(bundled_minilm_path(), attn_implementation="sdpa").eval()
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model
         if folder is None:
             folder = str(Path(tmp) / "moe")
-            upcycle(["--arch", "moe", "--output", folder])
+            upcycle(UpcycleOptions(output=folder, arch="moe"))
         moe = MoeBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     config = moe.config
 
@@ -118,4 +116,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -1,7 +1,7 @@
 """Encode throughput of the dense MiniLM against the upcycled MoTE, measured in the same run.
 
-    python benchmarks/bench_mote.py                      # batch 1, 32, 128 x 16 and 256 tokens
-    python benchmarks/bench_mote.py --batch-sizes 32 --seq-lens 16 --repeats 5
+    python -m benchmarks.bench_mote                      # batch 1, 32, 128 x 16 and 256 tokens
+    python -m benchmarks.bench_mote --batch-sizes 32 --seq-lens 16 --repeats 5
 
 For each shape it times forward passes (no grad, fp32) of transformers' `BertModel` (the dense
 baseline), MoTE on a single-task batch, and MoTE on a mixed-task batch (rows cycling through the
@@ -17,17 +17,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel
 
 from benchmarks.common import prepare, time_forward, timing_parser
-from convert.checkpoint import bundled_minilm_path
-from convert.upcycle import main as upcycle
+from convert.upcycle import UpcycleOptions, upcycle
 from modeling.modeling_mote import MoteBertModel
+from moe_embed.folders import bundled_minilm_path
+from moe_embed.usage import parse, run_cli
 
 
 def make_batch(prefix_ids: list[list[int]], batch_size: int, seq_len: int, generator) -> dict:
@@ -41,8 +39,8 @@ def make_batch(prefix_ids: list[list[int]], batch_size: int, seq_len: int, gener
     return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
 
 
-def main() -> None:
-    args = timing_parser(__doc__, "an upcycled MoTE folder (default: upcycle the bundled MiniLM)").parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse(timing_parser(__doc__, "an upcycled MoTE folder (default: upcycle the bundled MiniLM)"), argv)
 
     dense_path = bundled_minilm_path()
     dense = AutoModel.from_pretrained(dense_path, attn_implementation="sdpa").eval()
@@ -50,7 +48,7 @@ def main() -> None:
         folder = args.model
         if folder is None:
             folder = str(Path(tmp) / "mote")
-            upcycle(["--output", folder, "--no-verify"])
+            upcycle(UpcycleOptions(output=folder, no_verify=True))
         mote = MoteBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     prefix_ids = [mote.config.task_prefix_ids[t] for t in mote.config.tasks]
 
@@ -77,4 +75,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -1,8 +1,8 @@
 """Serving throughput and int8 accuracy of the exported folders, against the dense MiniLM, in one process.
 
-    python benchmarks/bench_serving.py                                   # batch 1, 32, 128 x 16, 128 tokens
-    python benchmarks/bench_serving.py --batch-sizes 32 --seq-lens 128 --accuracy
-    python benchmarks/bench_serving.py --families dense,mote --backends torch,ort,ort-int8
+    python -m benchmarks.bench_serving                                   # batch 1, 32, 128 x 16, 128 tokens
+    python -m benchmarks.bench_serving --batch-sizes 32 --seq-lens 128 --accuracy
+    python -m benchmarks.bench_serving --families dense,mote --backends torch,ort,ort-int8
 
 Families, all from the bundled all-MiniLM-L6-v2: `dense` (the model every user compares with: plain BERT,
 mean pooling, normalisation), `mote` (upcycled to MoTE, routed in the graph: each batch mixes the four
@@ -17,27 +17,24 @@ rounds that interleave the backends; the families run one after another, each fa
 before the next (every session keeps the memory of its largest batch). Each row's ratios are to PyTorch
 fp32 of the same family and to the dense model's same backend, same run.
 
-`--accuracy` adds STS-B test and SciFact (the suite's scores, `evaluation.run`) of every family's fp32 and
+`--accuracy` adds STS-B test and SciFact (the suite's scores, `moe-embed evaluate`) of every family's fp32 and
 int8 graph through onnxruntime, fed as a client feeds them (`tokenizer.json` alone); it needs the data folder.
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from benchmarks.common import batch_of, median_rates, prepare, timing_parser
-from convert.export_onnx import GRAPH_FILE
+from convert.onnx_graph import GRAPH_FILE
 from convert.onnx_int8 import INT8_FILE
-from evaluation.data import DATA_DIR_HELP
+from moe_embed.data import DATA_DIR_HELP
+from moe_embed.usage import parse, run_cli
 
 FAMILIES = ("dense", "mote", "mote-query", "moe", "comoe")
 BACKENDS = ("torch", "ort", "ort-int8", "ov", "ov-int8")
@@ -48,12 +45,12 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
     """The family's exported folder and the PyTorch module its graph was traced from."""
     from sentence_transformers import SentenceTransformer
 
-    from convert.checkpoint import bundled_minilm_path
-    from convert.export_onnx import SentenceEmbeddingGraph, build_graph, export_graph, graph_inputs
-    from convert.export_onnx import main as export_onnx
+    from convert.export_onnx import ExportOptions, export_onnx
     from convert.onnx_folder import write_folder_files
+    from convert.onnx_graph import SentenceEmbeddingGraph, build_graph, export_graph, graph_inputs
     from convert.onnx_int8 import quantize
-    from convert.upcycle import main as upcycle
+    from convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.folders import bundled_minilm_path
 
     out = work / f"{family}-onnx"
     if family == "dense":
@@ -64,13 +61,12 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
         export_graph(graph, graph_inputs(client, ["an example", "two"]), out / GRAPH_FILE, None)
         quantize(out / GRAPH_FILE, out / INT8)
         return out, graph
-    options = {"mote": [], "mote-query": [], "moe": ["--arch", "moe", "--expert-noise", "0.02"]}
-    options["comoe"] = ["--arch", "comoe"]
+    options = {"mote": {}, "mote-query": {}, "moe": {"arch": "moe", "expert_noise": 0.02}, "comoe": {"arch": "comoe"}}
     source = work / family.split("-")[0]
     if not source.exists():
-        upcycle([*options[family], "--output", str(source)])
+        upcycle(UpcycleOptions(output=source, **options[family]))
     task = "query" if family == "mote-query" else None
-    export_onnx([str(source), "--output", str(out), "--quantize", "int8", *(["--task", task] if task else [])])
+    export_onnx(ExportOptions(model_dir=source, output=out, quantize="int8", task=task))
     st = SentenceTransformer(str(source), trust_remote_code=True, device="cpu")
     return out, build_graph(source, st, task)
 
@@ -128,7 +124,7 @@ class OnnxEncoder:
 
         from tokenizers import Tokenizer
 
-        from convert.export_onnx import session
+        from convert.onnx_graph import session
 
         self.session = session(folder / file)
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -140,14 +136,14 @@ class OnnxEncoder:
             pass
 
     def encode(self, texts, prompt: str | None = "", batch_size: int = 32, convert_to_tensor=False, **_):
-        from convert.export_onnx import embed
+        from convert.onnx_graph import embed
 
         if isinstance(texts, str):
             return self.encode([texts], prompt, batch_size, convert_to_tensor)[0]
         out = embed(self.session, self.tokenizer, [(prompt or "") + t for t in texts], batch_size)
         return torch.from_numpy(out) if convert_to_tensor else out
 
-    encode_query = encode_document = encode  # the evaluators pass the prompt (`evaluation.run` chooses it)
+    encode_query = encode_document = encode  # the evaluators pass the prompt (`moe-embed evaluate` chooses it)
 
 
 def int8_scores(folder: Path, root: Path, tasks: list[str]) -> dict[str, list[float]]:
@@ -155,7 +151,7 @@ def int8_scores(folder: Path, root: Path, tasks: list[str]) -> dict[str, list[fl
     from evaluation.run import TASKS, evaluate
 
     return {
-        precision: [evaluate(OnnxEncoder(folder, file), TASKS[task], root) for task in tasks]
+        precision: [evaluate(OnnxEncoder(folder, file), TASKS[task], TASKS[task].load(root)) for task in tasks]
         for precision, file in (("fp32", GRAPH_FILE), ("int8", INT8))
     }
 
@@ -167,7 +163,7 @@ def score_cells(scores: dict[str, list[float]]) -> str:
 
 def accuracy(folders: dict[str, Path], data_dir, tasks: list[str]):
     """Table rows, one per family as it is scored: the suite's `tasks` of its fp32 and int8 graph."""
-    from evaluation.data import data_dir as resolve
+    from moe_embed.data import data_dir as resolve
 
     root = resolve(data_dir)
     for family, folder in tqdm(folders.items(), desc="accuracy", unit="family"):
@@ -184,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         "--accuracy-tasks", default="STSBenchmark,SciFact", help="comma-separated suite tasks for --accuracy"
     )
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     families, backends = args.families.split(","), args.backends.split(",")
     for value, valid, option in ((families, FAMILIES, "--families"), (backends, BACKENDS, "--backends")):
         unknown = [v for v in value if v not in valid]
@@ -226,4 +222,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

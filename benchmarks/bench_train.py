@@ -1,7 +1,7 @@
 """Training throughput and peak memory of dense vs MoTE on the same batches, in one run.
 
-    python benchmarks/bench_train.py                       # batch 32, 64 tokens, 5 rounds of 4 steps
-    python benchmarks/bench_train.py --batch-size 64 --seq-len 128 --repeats 3
+    python -m benchmarks.bench_train                       # batch 32, 64 tokens, 5 rounds of 4 steps
+    python -m benchmarks.bench_train --batch-size 64 --seq-len 128 --repeats 3
 
 Both models start from the bundled all-MiniLM-L6-v2: the dense model with MoTE's prompts (the
 instruction-conditioned baseline) and MoTE upcycled from it. A step is what TA-CL does per batch:
@@ -25,10 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
-from moe_embed_cli import HelpFormatter, UsageError
+REPO = Path(__file__).resolve().parent.parent
 
 TASK_STEPS = [
     ("retrieval", "query", "document", 0.03),
@@ -39,7 +38,7 @@ TASK_STEPS = [
 
 def load_rows(pairs: str | None, limit: int = 4096) -> list[dict]:
     """(anchor, positive, negative) rows of `pairs` (JSONL), by default the shared SNLI triplets."""
-    from evaluation import data as D
+    from moe_embed import data as D
 
     path = Path(pairs) if pairs else D.data_dir() / "training_pairs/snli_devtest_triplets.jsonl"
     rows = D.read_jsonl(path)[:limit]
@@ -105,7 +104,7 @@ def worker(folder: str, options: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = command_parser(__doc__)
     parser.add_argument("--batch-size", type=int, default=32, help="rows per column per step (default 32)")
     parser.add_argument("--seq-len", type=int, default=64, help="max tokens per text (default 64)")
     parser.add_argument("--steps", type=int, default=4, help="steps per timing round (default 4)")
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         "--pairs", default=None, help="JSONL with anchor/positive/negative (default: shared SNLI triplets)"
     )
     parser.add_argument("--worker", nargs=2, metavar=("FOLDER", "OPTIONS_JSON"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if args.worker:
         return worker(args.worker[0], json.loads(args.worker[1]))
     if min(args.batch_size, args.seq_len, args.steps, args.repeats) < 1:
@@ -125,12 +124,12 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as error:
         parser.error(str(error))
 
-    from convert.upcycle import main as upcycle
-    from convert.upcycle import save_dense_with_prompts
+    from convert.instruction_baseline import save_dense_with_prompts
+    from convert.upcycle import UpcycleOptions, upcycle
 
     with tempfile.TemporaryDirectory() as tmp:
         dense_dir, mote_dir = str(Path(tmp) / "dense"), str(Path(tmp) / "mote")
-        upcycle(["--output", mote_dir, "--no-verify"])
+        upcycle(UpcycleOptions(output=mote_dir, no_verify=True))
         save_dense_with_prompts(mote_dir, dense_dir)
         folders = {"dense + prompts": dense_dir, "MoTE": mote_dir}
         options = {
@@ -143,10 +142,11 @@ def main(argv: list[str] | None = None) -> None:
         peaks = {
             name: json.loads(
                 subprocess.run(
-                    [sys.executable, __file__, "--worker", folder, json.dumps(options)],
+                    [sys.executable, "-m", "benchmarks.bench_train", "--worker", folder, json.dumps(options)],
                     capture_output=True,
                     text=True,
                     check=True,
+                    cwd=REPO,  # benchmarks/ is not installed: run from the repository root
                 ).stdout.splitlines()[-1]
             )["peak_mb"]
             for name, folder in folders.items()
@@ -181,4 +181,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

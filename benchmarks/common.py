@@ -8,12 +8,12 @@ import time
 
 import torch
 
-from moe_embed_cli import HelpFormatter
+from moe_embed.usage import command_parser
 
 
 def timing_parser(description: str, model_help: str) -> argparse.ArgumentParser:
     """Parser with the options every throughput benchmark takes."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    parser = command_parser(description)
     parser.add_argument("--batch-sizes", default="1,32,128", help="comma-separated batch sizes")
     parser.add_argument("--seq-lens", default="16,256", help="comma-separated sequence lengths in tokens")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds per shape")

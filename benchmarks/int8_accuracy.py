@@ -1,37 +1,32 @@
 """Does the exporter's int8 agreement bound guard accuracy? Agreement and suite scores, fp32 against int8.
 
-    python benchmarks/int8_accuracy.py                       # the bundled MiniLM upcycled to MoTE
-    python benchmarks/int8_accuracy.py models/run-a models/run-b --tasks STSBenchmark,SciFact,SICK-R
+    python -m benchmarks.int8_accuracy                       # the bundled MiniLM upcycled to MoTE
+    python -m benchmarks.int8_accuracy models/run-a models/run-b --tasks STSBenchmark,SciFact,SICK-R
 
-Each folder (MoTE, token MoE or CoMoE, trained or not) is exported by `convert/export_onnx.py --quantize
-int8` with no bound, so nothing is refused; each row gives the agreement the exporter measured (min and mean
+Each folder (MoTE, token MoE or CoMoE, trained or not) is exported by `moe-embed export --quantize int8`
+with no bound, so nothing is refused; each row gives the agreement the exporter measured (min and mean
 cosine of int8 to fp32 over `convert/agreement_texts.txt` with every prompt) beside the suite's scores of
 the fp32 and the int8 graph, fed as a client feeds them (`benchmarks/bench_serving.py`'s encoder). The
-bound (`convert.onnx_int8.DEFAULT_MIN_COSINE`) is meant to refuse the exports whose loss is large.
+bound (`convert.export_onnx.DEFAULT_MIN_COSINE`) is meant to refuse the exports whose loss is large.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from benchmarks.bench_serving import int8_scores, score_cells
-from convert.checkpoint import read_json
-from convert.export_onnx import main as export_onnx
-from convert.folders import EXPERT_MODELS, open_model_folder
-from convert.upcycle import main as upcycle
-from evaluation.data import DATA_DIR_HELP, data_dir
+from convert.export_onnx import ExportOptions, export_onnx
+from convert.upcycle import UpcycleOptions, upcycle
 from evaluation.run import TASKS
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
+from moe_embed.data import DATA_DIR_HELP, data_dir
+from moe_embed.files import read_json
+from moe_embed.folders import EXPERT_MODELS, open_model_folder
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = command_parser(__doc__)
     parser.add_argument(
         "model_dirs",
         nargs="*",
@@ -39,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--tasks", default="STSBenchmark,SciFact", help="comma-separated suite tasks")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     tasks = args.tasks.split(",")
     unknown = [task for task in tasks if task not in TASKS]
     if unknown:
@@ -53,11 +48,11 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         folders = args.model_dirs
         if not folders:
-            upcycle(["--output", str(work / "mote")])
+            upcycle(UpcycleOptions(output=work / "mote"))
             folders = [str(work / "mote")]
         for index, folder in enumerate(folders):
             out = work / f"onnx-{index}"
-            export_onnx([folder, "--output", str(out), "--quantize", "int8", "--int8-min-cosine", "1e-9"])
+            export_onnx(ExportOptions(model_dir=folder, output=out, quantize="int8", int8_min_cosine=1e-9))
             agreement = read_json(out / "onnx_config.json")["int8"]
             name = Path(folder).name if args.model_dirs else "bundled MiniLM as MoTE"
             cells = score_cells(int8_scores(out, root, tasks))

@@ -1,9 +1,9 @@
 """Which onnxruntime dynamic-quantisation settings keep a routed MoTE graph close to its fp32 embeddings.
 
-    python benchmarks/int8_settings.py                    # MiniLM upcycled to MoTE, exported, then quantised
-    python benchmarks/int8_settings.py --texts 128
+    python -m benchmarks.int8_settings                    # MiniLM upcycled to MoTE, exported, then quantised
+    python -m benchmarks.int8_settings --texts 128
 
-The bundled MiniLM is upcycled to MoTE and exported routed (`convert/export_onnx.py`); each setting
+The bundled MiniLM is upcycled to MoTE and exported routed (`moe-embed export`); each setting
 (weight type, per-channel, reduce_range, operators) is applied by `onnxruntime.quantization.quantize_dynamic`
 and scored by the cosine of each row's int8 embedding to the fp32 graph's, over STS-B dev sentences (half
 of them with the query prefix, so two experts are used). It prints min and mean cosine per setting; no
@@ -12,20 +12,15 @@ timings (they belong in a benchmark that interleaves rounds).
 
 from __future__ import annotations
 
-import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from convert.export_onnx import embed, session
-from convert.export_onnx import main as export_onnx
+from convert.export_onnx import ExportOptions, export_onnx
+from convert.onnx_graph import embed, session
 from convert.onnx_int8 import quantize, row_cosines
-from convert.upcycle import main as upcycle
-from evaluation.data import DATA_DIR_HELP, data_dir, sts_pairs
-from moe_embed_cli import HelpFormatter, run_cli
+from convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.data import DATA_DIR_HELP, data_dir, sts_pairs
+from moe_embed.usage import command_parser, parse, run_cli
 
 SETTINGS = [  # (weights, per_channel, reduce_range, operators)
     ("QInt8", False, False, ("MatMul",)),
@@ -38,17 +33,17 @@ SETTINGS = [  # (weights, per_channel, reduce_range, operators)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = command_parser(__doc__)
     parser.add_argument("--texts", type=int, default=256, help="STS-B dev sentence pairs to embed")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     from tokenizers import Tokenizer
 
     pairs = sts_pairs(data_dir(args.data_dir) / "sts/stsb", ["dev.tsv"])
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        upcycle(["--output", str(work / "mote")])
-        export_onnx([str(work / "mote"), "--output", str(work / "onnx")])
+        upcycle(UpcycleOptions(output=work / "mote"))
+        export_onnx(ExportOptions(model_dir=work / "mote", output=work / "onnx"))
         fp32 = work / "onnx" / "onnx" / "model.onnx"
         tokenizer = Tokenizer.from_file(str(work / "onnx" / "tokenizer.json"))  # as a client tokenises
         texts = pairs.sentences1[: args.texts] + ["search_query: " + text for text in pairs.sentences2[: args.texts]]

@@ -1,179 +1,36 @@
 """Calibrate AEA (adaptive expert allocation) for a trained MoE model and write a folder that embeds with it.
 
-    python convert/calibrate_aea.py allenai/OLMoE-1B-7B-0924 --output models/olmoe-aea --alpha 6
-    python convert/calibrate_aea.py models/moe-tacl --output models/moe-tacl-aea --search
-    python convert/calibrate_aea.py models/moe-tacl --output models/moe-tacl-hs --allocation none --exit-layer 6
+    moe-embed calibrate-aea allenai/OLMoE-1B-7B-0924 --output models/olmoe-aea --alpha 6
+    moe-embed calibrate-aea models/moe-tacl --output models/moe-tacl-aea --search
+    moe-embed calibrate-aea models/moe-tacl --output models/moe-tacl-hs --allocation none --exit-layer 6
 
-The expert homogeneity of every MoE layer (mean pairwise cosine of all experts' outputs for the final
-real token) is measured once on the calibration texts (default: the STS-B dev sentences), turned into
-per-layer expert counts (`--alpha`, `--shift`, `--exit-layer`; the budget of the layers after the exit
-layer goes to the kept ones), and stored with the prompt template, pooling and per-token rule in
-`aea_config.json`. `SentenceTransformer(OUTPUT, trust_remote_code=True).encode(texts)` then embeds with
-AEA applied. `--search` picks `--alpha` and `--exit-layer` by Spearman correlation on the STS-B dev pairs.
-Supported: transformers' OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral, GraniteMoE, DeepSeek-V2/V3 and this
-package's token-routed MoE encoder.
+(`python convert/calibrate_aea.py ...` is the same command.) The expert homogeneity of every MoE layer (mean
+pairwise cosine of all experts' outputs for the final real token) is measured once on the calibration texts
+(default: the STS-B dev sentences of the data folder), turned into per-layer expert counts (`--alpha`,
+`--shift`, `--exit-layer`; the budget of the layers after the exit layer goes to the kept ones), and stored
+with the prompt template, pooling and per-token rule in `aea_config.json`.
+`SentenceTransformer(OUTPUT, trust_remote_code=True).encode(texts)` then embeds with AEA applied. `--search`
+picks `--alpha` and `--exit-layer` by Spearman correlation on the STS-B dev pairs. Supported: transformers'
+OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral, GraniteMoE, DeepSeek-V2/V3 and this package's token-routed MoE encoder.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python convert/calibrate_aea.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from modeling.defaults import AEA_EMBEDDINGS, AEA_ROUNDINGS
+from moe_embed.data import DATA_DIR_HELP
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
-import torch
-from tqdm.auto import tqdm
-
-from convert.cards import PLACEHOLDER_OWNER, looks_like_hub_id
-from convert.checkpoint import atomic_output_dir, copy_modeling_files, read_json, write_json, write_st_model_config
-from convert.folders import check_output, open_model_folder
-from convert.merge_experts import read_calibration
-from evaluation.data import DATA_DIR_HELP
-from modeling.manifest import FOLDER_FILES, HUB_TAGS, MODEL_TYPE_TAGS, ST_MODULES
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
-
-logger = logging.getLogger("calibrate_aea")
-
-PROMPT_EOL = 'This sentence : "[TEXT]" means in one word:"'
 ALLOCATIONS = ("both", "layer", "token", "none")
 DEFAULT_ALPHAS = "0,1,2,3,4,5,6,7,8,9,10"
 
 
-def load_model(source: Path):
-    """`(model, tokenizer)` of a supported MoE folder, with eager attention (token-wise allocation reads
-    attention probabilities) and eval mode."""
-    from transformers import AutoModel, AutoTokenizer
-
-    from modeling.aea import find_moe_layers
-
+def parse_values(text: str | list, kind, option: str) -> list:
+    """Comma-separated numbers of `option` (a list is checked as it is)."""
     try:
-        model = AutoModel.from_pretrained(str(source), trust_remote_code=True, attn_implementation="eager")
-    except (OSError, ValueError, KeyError) as error:
-        raise UsageError(f"cannot load a model from {source}: {str(error).splitlines()[0]}") from None
-    try:
-        find_moe_layers(model)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    tokenizer = AutoTokenizer.from_pretrained(str(source), trust_remote_code=True)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model.eval(), tokenizer
-
-
-def default_template(source: Path, causal: bool) -> str:
-    """PromptEOL for decoders; for encoders the source's `classification` prompt (the one this package's
-    evaluation uses for similarity) in front of the text, or the bare text."""
-    if causal:
-        return PROMPT_EOL
-    st_config = source / "config_sentence_transformers.json"
-    prompts = (read_json(st_config).get("prompts") or {}) if st_config.is_file() else {}
-    return prompts.get("classification", "") + "[TEXT]"
-
-
-def sts_dev(data: str | None):
-    """The STS-B dev pairs of `../shared/data`: `(sentences1, sentences2, scores)`."""
-    from evaluation.data import data_dir, sts_pairs
-
-    root = data_dir(data) / "sts" / "stsb"
-    if not (root / "dev.tsv").is_file():
-        raise UsageError(f"{root / 'dev.tsv'} not found: pass --data-dir DIR or --calibration FILE")
-    pairs = sts_pairs(root, ["dev.tsv"])
-    return pairs.sentences1, pairs.sentences2, pairs.scores
-
-
-def batches(tokenizer, texts: list[str], template: str, batch_size: int, max_length: int):
-    """`(input_ids, attention_mask)` batches of the templated texts, in order."""
-    for start in range(0, len(texts), batch_size):
-        chunk = [template.replace("[TEXT]", text) for text in texts[start : start + batch_size]]
-        encoded = tokenizer(chunk, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-        yield encoded["input_ids"], encoded["attention_mask"]
-
-
-@torch.no_grad()
-def embed_kinds(controller, tokenizer, texts, template, pooling, kinds, batch_size=64, max_length=256) -> dict:
-    """`{kind: sentence embeddings of texts}` for each embedding kind of `kinds`, from one forward pass
-    with the allocation of `controller` (as the saved folder computes them), in the order of `texts`;
-    batches hold texts of similar length (each text's embedding does not depend on its batch)."""
-    from modeling.aea import sentence_embedding
-
-    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # longest first, as Sentence-Transformers
-    out = {kind: [] for kind in kinds}
-    with controller.apply():
-        for input_ids, attention_mask in batches(
-            tokenizer, [texts[i] for i in order], template, batch_size, max_length
-        ):
-            output = controller(input_ids, attention_mask, output_routing_probs=set(kinds) != {"hidden"})
-            for kind in kinds:
-                out[kind].append(sentence_embedding(output, attention_mask, pooling, kind))
-    inverse = torch.empty(len(order), dtype=torch.long)
-    inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
-    return {kind: torch.cat(parts)[inverse] for kind, parts in out.items()}
-
-
-def embed(controller, tokenizer, texts, template, pooling, embedding, batch_size=64, max_length=256) -> torch.Tensor:
-    """Sentence embeddings of `texts` of one embedding kind (see `embed_kinds`)."""
-    return embed_kinds(controller, tokenizer, texts, template, pooling, [embedding], batch_size, max_length)[embedding]
-
-
-def layer_allocation(allocation, homogeneity, layers, alpha, shift, exit_layer):
-    """`(layer_top_k, unspent)` for an `--allocation` mode: the homogeneity rule for `both` / `layer`,
-    the model's own k up to the exit layer otherwise."""
-    from modeling.aea import allocate_layers
-
-    top_k = next(h.router.top_k for h in layers if h.router is not None)
-    if allocation in ("both", "layer"):
-        caps = [h.cap if h.router is not None else None for h in layers]
-        try:
-            return allocate_layers(homogeneity, top_k, caps, alpha=alpha, shift=shift, exit_layer=exit_layer)
-        except ValueError as error:
-            raise UsageError(str(error)) from None
-    return [None if h.router is None else (h.router.top_k if i < exit_layer else 0) for i, h in enumerate(layers)], 0
-
-
-def controller_for(model, settings):
-    """The `AdaptiveExpertAllocation` of `settings` (an `aea_config.json` dict) on `model`."""
-    from modeling.aea import AdaptiveExpertAllocation
-
-    return AdaptiveExpertAllocation(
-        model,
-        layer_top_k=settings["layer_top_k"],
-        token_wise=settings["token_wise"],
-        rounding=settings["rounding"],
-        exit_layer=settings["exit_layer"],
-    )
-
-
-def pair_spearman(embeddings: torch.Tensor, index: dict, pairs) -> float:
-    """Spearman correlation (x100) of the cosine similarities of `pairs` (sentences1, sentences2, scores),
-    each sentence's embedding the row `index[sentence]` of `embeddings`."""
-    from scipy.stats import spearmanr
-
-    sentences1, sentences2, scores = pairs
-    first = embeddings[[index[s] for s in sentences1]]
-    second = embeddings[[index[s] for s in sentences2]]
-    cosines = torch.nn.functional.cosine_similarity(first, second).numpy()
-    return 100 * float(spearmanr(cosines, scores).statistic)
-
-
-def spearman(model, tokenizer, pairs, settings) -> float:
-    """Spearman correlation (x100) of the cosine similarities on `pairs` under `settings`."""
-    texts = list(dict.fromkeys(pairs[0] + pairs[1]))
-    args = (settings["prompt_template"], settings["pooling"], settings["embedding"])
-    embeddings = embed(controller_for(model, settings), tokenizer, texts, *args)
-    return pair_spearman(embeddings, {text: i for i, text in enumerate(texts)}, pairs)
-
-
-def pick(scores: dict) -> tuple:
-    """The best `(alpha, exit_layer)` of a search; ties go to the smaller α, then to the later exit."""
-    return max(scores, key=lambda key: (scores[key], -key[0], key[1]))
-
-
-def parse_values(text: str, kind, option: str) -> list:
-    try:
-        values = [kind(item) for item in text.split(",") if item.strip()]
+        values = [kind(item) for item in (text.split(",") if isinstance(text, str) else text) if str(item).strip()]
     except ValueError:
         raise UsageError(f"{option} expects comma-separated numbers, got {text!r}") from None
     if not values:
@@ -181,196 +38,66 @@ def parse_values(text: str, kind, option: str) -> list:
     return values
 
 
-def print_table(homogeneity, original, layer_top_k) -> None:
-    print("layer  homogeneity  k (model)  k (AEA)")
-    for index, (s, k0, k) in enumerate(zip(homogeneity, original, layer_top_k, strict=True)):
-        if s is None:
-            print(f"{index:>5}  {'dense':>11}  {'-':>9}  {'-':>7}")
-        else:
-            print(f"{index:>5}  {s:>11.4f}  {k0:>9}  {k:>7}")
+@dataclass
+class CalibrateOptions:
+    """What `calibrate` writes: the command line's options by their Python names (`moe-embed calibrate-aea
+    --help`). Checked on construction, before any model is loaded."""
+
+    model: str
+    output: str | Path
+    overwrite: bool = False
+    calibration: str | Path | None = None  # texts, one per line; default: the STS-B dev sentences
+    allocation: str = "both"
+    alpha: float = 1.0
+    shift: float = 1.0
+    exit_layer: int | None = None
+    rounding: str = "floor"
+    embedding: str = "hidden"
+    prompt: str | None = None  # a template with [TEXT]
+    pooling: str | None = None
+    search: bool = False
+    alphas: str | list[float] = DEFAULT_ALPHAS
+    exit_layers: str | list[int] | None = None
+    data_dir: str | None = None
+    batch_size: int = 64
+    max_length: int = 256
+
+    def __post_init__(self):
+        if self.allocation not in ALLOCATIONS:
+            raise UsageError(f"--allocation must be one of {', '.join(ALLOCATIONS)}, got {self.allocation!r}")
+        if self.alpha < 0:
+            raise UsageError(f"--alpha must be >= 0, got {self.alpha}")
+        if self.embedding not in AEA_EMBEDDINGS:
+            raise UsageError(f"--embedding must be one of {', '.join(AEA_EMBEDDINGS)}")
+        if self.rounding not in AEA_ROUNDINGS:
+            raise UsageError(f"--rounding must be one of {', '.join(AEA_ROUNDINGS)}")
+        if self.pooling not in (None, "last", "mean"):
+            raise UsageError(f"--pooling must be last or mean, got {self.pooling!r}")
+        if self.prompt is not None and "[TEXT]" not in self.prompt:
+            raise UsageError(f"--prompt must contain [TEXT] where the text goes, got {self.prompt!r}")
+        self.alphas = parse_values(self.alphas, float, "--alphas")
+        if self.exit_layers is not None:
+            self.exit_layers = parse_values(self.exit_layers, int, "--exit-layers")
+        if self.batch_size < 1 or self.max_length < 1:
+            raise UsageError("--batch-size and --max-length must be positive integers")
 
 
-def plot(path: Path, homogeneity, layer_top_k, title: str) -> None:
-    """Bar charts of the homogeneity and of the expert count per layer (paper Figures 2 and 6), when
-    matplotlib (the `analysis` extra) is installed."""
-    try:
-        import matplotlib
-    except ImportError:
-        logger.info("matplotlib is not installed (pip install moe-embed[analysis]): no allocation chart")
-        return
+def calibrate(options: CalibrateOptions) -> Path:
+    """Check every input (the model folder, the output, the calibration texts and the data they default to),
+    then measure, choose the allocation and write the folder; returns its path."""
+    from convert.aea_calibration import run_calibration, sts_dev
+    from moe_embed.data import read_texts
+    from moe_embed.folders import check_output, open_model_folder
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    layers = [i for i, s in enumerate(homogeneity) if s is not None]
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(max(5, 0.4 * len(layers) + 2), 5), sharex=True)
-    top.bar(layers, [homogeneity[i] for i in layers], color="tab:blue")
-    top.set_ylabel("homogeneity")
-    top.set_title(title)
-    bottom.bar(layers, [layer_top_k[i] for i in layers], color="tab:orange")
-    bottom.set_ylabel("experts per token")
-    bottom.set_xlabel("layer")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    folder = open_model_folder(options.model)
+    output = check_output(options.output, (folder.path,), options.overwrite)
+    texts = read_texts(Path(options.calibration), "--calibration") if options.calibration else None
+    dev = sts_dev(options.data_dir) if options.search or texts is None else None
+    return run_calibration(options, folder, output, texts, dev)
 
 
-def write_folder(target: Path, model, tokenizer, settings: dict, source_name: str, repo_id: str) -> None:
-    """Model weights, tokenizer, `aea_config.json`, the Sentence-Transformers module files and the card."""
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    write_json(target / "aea_config.json", settings)
-    copy_modeling_files(target, FOLDER_FILES["aea"])
-    write_json(target / "modules.json", [{"idx": 0, "name": "0", "path": "", "type": ST_MODULES["aea"]}])
-    write_json(target / "sentence_bert_config.json", {"transformer_task": "feature-extraction"})
-    write_st_model_config(target, prompts={})
-    render_aea_card(target, settings, source_name, repo_id)
-
-
-def render_aea_card(target: Path, settings: dict, source_name: str, repo_id: str) -> None:
-    from huggingface_hub import ModelCard, ModelCardData
-
-    template = Path(__file__).resolve().parent.parent / "hub_cards" / "aea.md"
-    card_data = ModelCardData(
-        library_name="sentence-transformers",
-        pipeline_tag="sentence-similarity",
-        tags=list(dict.fromkeys(HUB_TAGS + MODEL_TYPE_TAGS["aea"])),
-        base_model=source_name if looks_like_hub_id(source_name) else None,
-    )
-    rows = [
-        (i, s, k0, k)
-        for i, (s, k0, k) in enumerate(
-            zip(settings["homogeneity"], settings["model_top_k"], settings["layer_top_k"], strict=True)
-        )
-    ]
-    card = ModelCard.from_template(
-        card_data,
-        template_path=str(template),
-        model_name=repo_id.split("/")[-1],
-        repo_id=repo_id,
-        source_name=source_name,
-        settings=settings,
-        rows=rows,
-    )
-    card.save(str(target / "README.md"))
-
-
-def check_arguments(args) -> None:
-    """Refuse bad option values before any loading."""
-    from modeling.aea import EMBEDDINGS
-
-    if args.alpha < 0:
-        raise UsageError(f"--alpha must be >= 0, got {args.alpha}")
-    if args.embedding not in EMBEDDINGS:
-        raise UsageError(f"--embedding must be one of {', '.join(EMBEDDINGS)}")
-    if args.prompt is not None and "[TEXT]" not in args.prompt:
-        raise UsageError(f"--prompt must contain [TEXT] where the text goes, got {args.prompt!r}")
-    if args.search:
-        parse_values(args.alphas, float, "--alphas")
-        if args.exit_layers:
-            parse_values(args.exit_layers, int, "--exit-layers")
-
-
-def search_candidates(args, layers, num_layers: int) -> list[tuple[float, int]]:
-    """The `(alpha, exit_layer)` pairs `--search` scores."""
-    alphas = parse_values(args.alphas, float, "--alphas") if args.allocation in ("both", "layer") else [args.alpha]
-    exits = parse_values(args.exit_layers, int, "--exit-layers") if args.exit_layers else None
-    exits = exits or [m for m in range(num_layers - 3, num_layers + 1) if m >= 1]
-    for m in exits:
-        if not 1 <= m <= num_layers:
-            raise UsageError(f"--exit-layers: {m} is outside 1..{num_layers}")
-    return [(alpha, m) for alpha in alphas for m in exits if any(h.router is not None for h in layers[:m])]
-
-
-def choose_allocation(args, model, tokenizer, layers, homogeneity, dev, settings: dict) -> dict:
-    """The AEA settings with their per-layer expert counts: `args`' own, or the best on STS-B dev of the
-    `--search` grid. Every candidate's allocation is computed (and refused, in one line) before the
-    first one is scored, so a grid the homogeneity rules out fails at once, not after the search."""
-
-    def with_allocation(alpha, exit_at):
-        layer_top_k, unspent = layer_allocation(args.allocation, homogeneity, layers, alpha, args.shift, exit_at)
-        return {**settings, "alpha": alpha, "exit_layer": exit_at, "layer_top_k": layer_top_k}, unspent
-
-    if not args.search:
-        chosen, unspent = with_allocation(args.alpha, settings["exit_layer"])
-        return {**chosen, "unspent_budget": unspent}
-    candidates = {key: with_allocation(*key)[0] for key in search_candidates(args, layers, len(layers))}
-    scores, seen = {}, {}
-    for (alpha, m), candidate in tqdm(candidates.items(), desc="search (STS-B dev)", unit="setting"):
-        key = (tuple(candidate["layer_top_k"]), m)  # α values that give the same allocation are scored once
-        if key not in seen:
-            seen[key] = spearman(model, tokenizer, dev, candidate)
-        scores[(alpha, m)] = seen[key]
-        tqdm.write(f"search: alpha {alpha:g}, exit layer {m}: STS-B dev Spearman {scores[(alpha, m)]:.2f}")
-    best = pick(scores)
-    print(f"search: chose alpha {best[0]:g}, exit layer {best[1]} ({scores[best]:.2f} on STS-B dev)")
-    chosen, unspent = with_allocation(*best)
-    search = {f"alpha={a:g},exit={m}": round(score, 4) for (a, m), score in scores.items()}
-    return {**chosen, "unspent_budget": unspent, "search": search}
-
-
-def calibrate(args) -> Path:
-    """Measure, choose the allocation, write the folder (`args` as `--help` describes)."""
-    from modeling.aea import find_moe_layers, measure_homogeneity
-
-    check_arguments(args)
-    check_output(args.output, overwrite=args.overwrite)  # before any loading
-    folder = open_model_folder(args.model)
-    output = check_output(args.output, (folder.path,), args.overwrite)
-    texts = read_calibration(Path(args.calibration)) if args.calibration else None
-    dev = sts_dev(args.data_dir) if args.search or texts is None else None
-    if texts is None:
-        texts = list(dict.fromkeys(dev[0] + dev[1]))  # the STS-B dev sentences, each once
-    model, tokenizer = load_model(folder.path)
-    _, layers = find_moe_layers(model)
-    num_layers = len(layers)
-    causal = bool(getattr(layers[0].attention, "is_causal", False))
-    exit_layer = args.exit_layer if args.exit_layer is not None else (num_layers - 1 if causal else num_layers)
-    if not 1 <= exit_layer <= num_layers:
-        raise UsageError(f"--exit-layer must lie in 1..{num_layers} (the model's layers), got {exit_layer}")
-    if not any(h.router is not None for h in layers[:exit_layer]):
-        raise UsageError(f"no MoE layer among the first {exit_layer} layers; choose a later --exit-layer")
-    if len({h.router.top_k for h in layers if h.router is not None}) > 1:
-        raise UsageError("the model's MoE layers use different top-k; AEA's budget assumes one k for all")
-    template = args.prompt if args.prompt is not None else default_template(folder.path, causal)
-    if args.search:
-        search_candidates(args, layers, num_layers)  # bad grids are refused before the long pass below
-
-    batched = batches(tokenizer, texts, template, args.batch_size, args.max_length)
-    total = -(-len(texts) // args.batch_size)
-    homogeneity = measure_homogeneity(model, tqdm(batched, total=total, desc="expert homogeneity", unit="batch"))
-    settings = {
-        "allocation": args.allocation,
-        "token_wise": args.allocation in ("both", "token"),
-        "rounding": args.rounding,
-        "alpha": args.alpha,
-        "shift": args.shift,
-        "exit_layer": exit_layer,
-        "prompt_template": template,
-        "pooling": args.pooling or ("last" if causal else "mean"),
-        "embedding": args.embedding,
-    }
-    settings = choose_allocation(args, model, tokenizer, layers, homogeneity, dev, settings)
-    model_top_k = [h.router.top_k if h.router is not None else None for h in layers]
-    settings.update(
-        homogeneity=homogeneity,
-        model_top_k=model_top_k,
-        calibration=args.calibration or "STS-B dev sentences",
-        calibration_texts=len(texts),
-    )
-    print_table(homogeneity, model_top_k, settings["layer_top_k"])
-    if settings["unspent_budget"]:
-        print(f"every kept layer is at its cap: {settings['unspent_budget']} of the budget's expert slots stay unspent")
-
-    with atomic_output_dir(output, args.overwrite) as target:
-        write_folder(target, model, tokenizer, settings, args.model, f"{PLACEHOLDER_OWNER}/{output.name}")
-        plot(target / "aea_allocation.png", homogeneity, settings["layer_top_k"], f"AEA allocation of {args.model}")
-    print(f"wrote {output}")
-    return output
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def build_parser(prog: str | None = None):
+    parser = command_parser(__doc__, prog)
     parser.add_argument("model", help="a supported MoE model: local folder or Hub id")
     parser.add_argument("--output", required=True, help="folder to write (refused if it exists, unless --overwrite)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
@@ -393,12 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rounding",
-        choices=("floor", "largest-remainder"),
+        choices=AEA_ROUNDINGS,
         default="floor",
         help="per-token counts: the paper's floor, or largest remainder (spends each layer's budget exactly)",
     )
     parser.add_argument(
         "--embedding",
+        choices=AEA_EMBEDDINGS,
         default="hidden",
         help="hidden: the pooled hidden state; moee-concat / moee-sum: MoEE with the routing weights",
     )
@@ -408,13 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--alphas", default=DEFAULT_ALPHAS, help=f"--search grid of α (default {DEFAULT_ALPHAS})")
     parser.add_argument("--exit-layers", help="--search grid of exit layers (default the last four)")
     parser.add_argument("--data-dir", help=DATA_DIR_HELP)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
     parser.add_argument("--max-length", type=int, default=256, help="truncate texts to this many tokens")
     return parser
 
 
-def main(argv: list[str] | None = None) -> Path:
-    return calibrate(build_parser().parse_args(argv))
+def main(argv: list[str] | None = None, prog: str | None = None) -> Path:
+    args = vars(parse(build_parser(prog), argv))
+    args.pop("verbose")
+    return calibrate(CalibrateOptions(**args))
 
 
 if __name__ == "__main__":

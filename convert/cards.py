@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from convert.checkpoint import HUB_CARDS_DIR, read_json
 from convert.layout import is_comoe_expert_key, parse_moe_key, parse_mote_key
 from modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS
+from moe_embed.files import read_json
+
+HUB_CARDS_DIR = Path(__file__).resolve().parent.parent / "hub_cards"
 
 TEMPLATES = {
     "mote_bert": "mote.md",
@@ -89,12 +91,14 @@ def build_card(
     license_id: str | None = None,
     untrained: bool = False,
     provenance: str | None = None,
+    tags: tuple[str, ...] = (),
 ):
     """The `huggingface_hub.ModelCard` of the model a folder holds.
 
     `base_model` names the dense model it derives from; it goes into the metadata and gets a link
     only when it is a Hub id (`base_is_hub_id`, guessed from its form when `None`). `provenance`
-    is a sentence on how the folder was made (dense exports).
+    is a sentence on how the folder was made and `tags` what it is (dense exports: `MERGE_TAGS`), beside the
+    tags of its model type.
     """
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -111,7 +115,7 @@ def build_card(
     card_data = ModelCardData(
         library_name="sentence-transformers",
         pipeline_tag="sentence-similarity",
-        tags=list(dict.fromkeys(HUB_TAGS + MODEL_TYPE_TAGS.get(model_type, MODEL_TYPE_TAGS["dense"]))),
+        tags=list(dict.fromkeys(HUB_TAGS + MODEL_TYPE_TAGS.get(model_type, ()) + tuple(tags))),
         base_model=base_model if base_is_hub_id else None,
         license=license_id,
     )

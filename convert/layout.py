@@ -2,7 +2,7 @@
 
 Dense `bert` / `roberta` / `xlm-roberta` checkpoints and this package's models share every key
 except those of the feed-forward blocks a model type replaces. This file says, once, which dense
-keys become which expert keys and back, so that upcycling (`convert/upcycle.py`), merging
+keys become which expert keys and back, so that upcycling (`convert/builders.py`), merging
 (`convert/merge_experts.py`) and model cards (`convert/cards.py`) cannot disagree:
 
     dense                                          MoTE (expert e of layer N)
@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import re
 
-from modeling.modeling_comoe import is_adapter_key
-from moe_embed_cli import UsageError
+import torch
+
+from modeling.comoe_layer import is_adapter_key
+from moe_embed.usage import UsageError
 
 # model_type of a dense source -> the transformers class its exports are saved as
 DENSE_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
@@ -120,6 +122,36 @@ def parse_moe_key(key: str) -> tuple[int, str | None] | None:
     return layer, f"encoder.layer.{layer}.{MOE_DENSE[match.group(2)]}"
 
 
+def mote_rename(expert_layers: set[int], num_tasks: int):
+    """Dense key -> MoTE keys: expert parts of expert layers go to every expert, the rest is shared."""
+
+    def rename(key: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        expert_key = mote_expert_key(key)
+        if expert_key is None or expert_key[0] not in expert_layers:
+            return [(key, tensor)]
+        layer, inner = expert_key
+        # Each expert gets its own copy: tensors must not share memory in safetensors.
+        return [(mote_key(layer, e, inner), tensor.clone()) for e in range(num_tasks)]
+
+    return rename
+
+
+def moe_rename(moe_layers: set[int], num_experts: int, noise_std: float, generator: torch.Generator):
+    """Dense key -> token-routed MoE keys: FFN projections of MoE layers are stacked once per expert, with
+    Gaussian noise of std `noise_std` on the weights when it is positive."""
+
+    def rename(key: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+        stacked_key = moe_stacked_key(key)
+        if stacked_key is None or stacked_key[0] not in moe_layers:
+            return [(key, tensor)]
+        stacked = tensor.unsqueeze(0).repeat(num_experts, *([1] * tensor.dim()))
+        if noise_std > 0 and key.endswith(".weight"):
+            stacked = stacked + noise_std * torch.randn(stacked.shape, generator=generator)
+        return [(stacked_key[1], stacked)]
+
+    return rename
+
+
 def comoe_adapter_keys(linear: str) -> dict[str, str]:
     """Keys of the adapters a CoMoE model adds to the linear `linear`: `lora_A`, `lora_B`, `router`."""
     return {"lora_A": f"{linear}.lora_A", "lora_B": f"{linear}.lora_B", "router": f"{linear}.router.weight"}
@@ -138,6 +170,8 @@ __all__ = [
     "position_offset",
     "mote_expert_key",
     "mote_key",
+    "mote_rename",
+    "moe_rename",
     "parse_mote_key",
     "moe_stacked_key",
     "moe_router_key",

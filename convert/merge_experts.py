@@ -1,429 +1,108 @@
 """Merge the experts of a MoTE, token-routed MoE or CoMoE folder into a plain dense transformers model.
 
-    python convert/merge_experts.py models/mote-minilm --output models/minilm-ea              # Expert Averaging
-    python convert/merge_experts.py models/mote-minilm --task query --output models/minilm-query
-    python convert/merge_experts.py models/mote-minilm --experts clustering,document --output models/minilm-cd
-    python convert/merge_experts.py models/moe-minilm --calibration texts.txt --output models/minilm-moe-ea
-    python convert/merge_experts.py models/comoe-tacl --calibration texts.txt --output models/minilm-comoe-merged
+    moe-embed merge models/mote-minilm --output models/minilm-ea              # Expert Averaging
+    moe-embed merge models/mote-minilm --task query --output models/minilm-query
+    moe-embed merge models/mote-minilm --experts clustering,document --output models/minilm-cd
+    moe-embed merge models/moe-minilm --calibration texts.txt --output models/minilm-moe-ea
+    moe-embed merge models/comoe-tacl --calibration texts.txt --output models/minilm-comoe-merged
 
-Expert Averaging (MoTE paper, v1 section 3.3): every expert layer's experts are averaged, the two
-LayerNorms included, into one feed-forward block, giving a model with the dense architecture and
-memory. `--task` exports one task's experts unchanged: a MoTE model used for one task is a dense
-model. A CoMoE folder (full or adapter-only) has its LoRA experts folded into the frozen linears,
-`W + Σ_i w_i · (alpha / r) · B_i A_i`, with `w_i` each expert's mean routing weight on the
-calibration texts (uniform without them); routing depends on the input, so this approximates the
-CoMoE model, and the mean cosine between both models' embeddings of the calibration texts is
-printed. The output is a `bert` / `roberta` / `xlm-roberta` folder (like the checkpoint the model
-was upcycled from) with the Sentence-Transformers files and prompts, loadable without remote code.
+(`python convert/merge_experts.py ...` is the same command.) Expert Averaging (MoTE paper, v1 section 3.3):
+every expert layer's experts are averaged, the two LayerNorms included, into one feed-forward block, giving a
+model with the dense architecture and memory. `--task` exports one task's experts unchanged: a MoTE model
+used for one task is a dense model, and its folder keeps only that task's prompts. A CoMoE folder (full or
+adapter-only) has its LoRA experts folded into the frozen linears, `W + Σ_i w_i · (alpha / r) · B_i A_i`,
+with `w_i` each expert's mean routing weight on the calibration texts (uniform without them); routing depends
+on the input, so this approximates the CoMoE model, and the mean cosine between both models' embeddings of
+the calibration texts is printed. The output is a `bert` / `roberta` / `xlm-roberta` folder (like the
+checkpoint the model was upcycled from) with the Sentence-Transformers files and prompts, loadable without
+remote code.
 """
 
 from __future__ import annotations
 
-import argparse
-import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python convert/merge_experts.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from moe_embed.usage import UsageError, command_parser, parse, run_cli, shard_size
 
-import torch
-from tqdm.auto import tqdm
-
-from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
-from convert.checkpoint import (
-    ENCODER_FIELDS,
-    atomic_output_dir,
-    check_shard_size,
-    copy_tokenizer_files,
-    load_tokenizer,
-    parse_dtype,
-    read_json,
-    read_state_dict,
-    write_sentence_transformers_files,
-)
-from convert.folders import EXPERT_MODELS, ModelFolder, check_output, open_model_folder
-from convert.layout import DENSE_ARCHITECTURES, parse_moe_key, parse_mote_key, position_offset
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
-
-logger = logging.getLogger("merge_experts")
-
-
-def weighted_average(tensors: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
-    """`Σ w_i t_i` for weights summing to 1, computed as `t_0 + Σ w_i (t_i - t_0)` in float64.
-
-    Algebraically the same, but identical experts give back `t_0` bit for bit (an untrained
-    upcycled model averages to its dense source exactly).
-    """
-    base = tensors[0].double()
-    total = base.clone()
-    for tensor, weight in zip(tensors[1:], weights[1:], strict=True):
-        total += weight * (tensor.double() - base)
-    return total.to(tensors[0].dtype)
-
-
-def normalised_weights(count: int, weights: list[float] | None) -> list[float]:
-    """`weights` (positive, one per selected expert) scaled to sum to 1; uniform when `None`."""
-    if weights is None:
-        return [1.0 / count] * count
-    if len(weights) != count:
-        raise UsageError(f"--weights has {len(weights)} values for {count} experts")
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise UsageError(f"--weights must be non-negative with a positive sum, got {weights}")
-    return [w / sum(weights) for w in weights]
-
-
-def mote_expert_indices(config: dict, names: list[str] | None) -> list[int]:
-    """Indices of the MoTE experts named (task names or aliases, as `MoteBertConfig.task_index`
-    resolves them); all tasks when `names` is None."""
-    from modeling.configuration_mote import MoteBertConfig
-
-    mote_config = MoteBertConfig.from_dict(config)
-    if names is None:
-        return list(range(mote_config.num_tasks))
-    try:
-        indices = [mote_config.task_index(name) for name in names]
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    if len(set(indices)) != len(indices):
-        raise UsageError(f"--experts names a task twice: {names}")
-    return indices
-
-
-def merge_mote(state: dict, config: dict, experts: list[int], weights: list[float]) -> dict:
-    """Dense BERT state dict: each expert layer's selected experts averaged with `weights`."""
-    merged, groups = {}, {}
-    for key, tensor in state.items():
-        parsed = parse_mote_key(key)
-        if parsed is None:
-            merged[key] = tensor
-            continue
-        _, expert, dense_key = parsed
-        groups.setdefault(dense_key, {})[expert] = tensor
-    for target, by_expert in tqdm(groups.items(), desc="averaging", unit="tensor"):
-        missing = [e for e in experts if e not in by_expert]
-        if missing:
-            raise UsageError(
-                f"the folder lacks experts {[config['tasks'][e] for e in missing]} for {target} "
-                "(saved with active_tasks?)"
-            )
-        merged[target] = weighted_average([by_expert[e] for e in experts], weights)
-    return merged
-
-
-def merge_moe(state: dict, experts: list[int], layer_weights: dict[int, list[float]]) -> dict:
-    """Dense BERT state dict: each MoE layer's stacked experts averaged; routers dropped."""
-    merged = {}
-    for key, tensor in tqdm(state.items(), desc="averaging", unit="tensor"):
-        parsed = parse_moe_key(key)
-        if parsed is None:
-            merged[key] = tensor
-        elif parsed[1] is not None:  # stacked expert parameter (E, ...); routers have no dense counterpart
-            layer, dense_key = parsed
-            merged[dense_key] = weighted_average([tensor[e] for e in experts], layer_weights[layer])
-    return merged
-
-
-def router_usage(folder: Path, texts: list[str], experts: list[int], batch_size: int = 32) -> dict[int, list[float]]:
-    """Per MoE layer, the share of routing slots each selected expert receives on the calibration texts."""
-    from modeling.modeling_moe import MoeBertModel
-
-    tokenizer = load_tokenizer(folder, trust_remote_code=True)
-    model = MoeBertModel.from_pretrained(str(folder), experts_implementation="eager").eval()
-    counts = {layer: torch.zeros(model.config.num_local_experts) for layer in model.config.moe_layers}
-    with torch.no_grad():
-        for start in tqdm(range(0, len(texts), batch_size), desc="calibration", unit="batch"):
-            batch = tokenizer(texts[start : start + batch_size], padding=True, truncation=True, return_tensors="pt")
-            out = model(**batch, output_router_logits=True)
-            for layer, logits in zip(model.config.moe_layers, out.router_logits, strict=True):
-                chosen = torch.topk(logits, model.config.num_experts_per_tok, dim=-1).indices.reshape(-1)
-                counts[layer] += torch.bincount(chosen, minlength=model.config.num_local_experts).float()
-    usage = {}
-    for layer, count in counts.items():
-        selected = count[experts]
-        if selected.sum() == 0:
-            raise UsageError(f"no calibration token was routed to experts {experts} in layer {layer}")
-        usage[layer] = (selected / selected.sum()).tolist()
-        logger.info("layer %d router usage of experts %s: %s", layer, experts, [round(u, 3) for u in usage[layer]])
-    return usage
-
-
-def read_calibration(calibration: Path) -> list[str]:
-    """The calibration texts, one per line."""
-    try:
-        texts = [line.strip() for line in calibration.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except OSError as error:
-        raise UsageError(f"cannot read --calibration {calibration}: {error.strerror}") from None
-    if not texts:
-        raise UsageError(f"--calibration {calibration} holds no text (one text per line expected)")
-    return texts
-
-
-def comoe_routing_weights(model, tokenizer, texts: list[str], batch_size: int = 32) -> torch.Tensor:
-    """`(CoMoE linears, E)`: each expert's mean routing weight over the non-padding tokens of `texts`."""
-    from modeling.modeling_comoe import top_k_gates
-
-    config = model.config
-    totals = torch.zeros(len(config.adapted_linears()), config.num_local_experts, dtype=torch.float64)
-    with torch.no_grad():
-        for start in tqdm(range(0, len(texts), batch_size), desc="calibration", unit="batch"):
-            batch = tokenizer(texts[start : start + batch_size], padding=True, truncation=True, return_tensors="pt")
-            out = model(**batch, output_router_logits=True)
-            for row, logits in enumerate(out.router_logits):
-                weights, index = top_k_gates(logits, config.num_experts_per_tok)
-                totals[row].index_add_(0, index.reshape(-1), weights.reshape(-1).double())
-    return totals / totals.sum(dim=1, keepdim=True)
-
-
-def merge_comoe(model, weights: torch.Tensor) -> dict:
-    """Dense BERT state dict: every CoMoE linear's weight plus `Σ_i weights[l, i] · (alpha/r) · B_i A_i`
-    (float64), routers and experts dropped."""
-    from modeling.modeling_comoe import is_adapter_key
-
-    state = {k: v for k, v in model.state_dict().items() if not is_adapter_key(k)}
-    scaling = model.config.lora_scaling
-    for row, name in enumerate(model.config.adapted_linears()):
-        linear = model.get_submodule(name)
-        delta = torch.einsum("e,eor,eri->oi", weights[row].double(), linear.lora_B.double(), linear.lora_A.double())
-        state[f"{name}.weight"] = (linear.weight.double() + scaling * delta).to(linear.weight.dtype)
-    return state
-
-
-def mean_cosine(folder: Path, merged: Path, texts: list[str]) -> float:
-    """Mean cosine between the embeddings of `texts` by the expert folder and by the merged folder."""
-    from sentence_transformers import SentenceTransformer
-
-    original = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
-    dense = SentenceTransformer(str(merged), device="cpu")
-    a = original.encode(texts, convert_to_tensor=True, normalize_embeddings=True)
-    b = dense.encode(texts, convert_to_tensor=True, normalize_embeddings=True)
-    return (a * b).sum(dim=1).mean().item()
-
-
-def dense_config(config: dict) -> transformers.PretrainedConfig:  # noqa: F821
-    """The transformers config of the dense model with the same encoder shape."""
-    from transformers import AutoConfig
-
-    model_type = config.get("source_model_type") or "bert"
-    if model_type not in DENSE_ARCHITECTURES:
-        raise UsageError(f"cannot export to model_type {model_type!r}; expected one of {list(DENSE_ARCHITECTURES)}")
-    expected_offset = position_offset(model_type, config.get("pad_token_id", 1))
-    if config.get("position_offset", 0) != expected_offset:
-        raise UsageError(
-            f"position_offset {config.get('position_offset')} does not match a {model_type} checkpoint "
-            f"({expected_offset})"
-        )
-    fields = {key: config[key] for key in ENCODER_FIELDS if key in config}
-    dense = AutoConfig.for_model(model_type, **fields, architectures=[DENSE_ARCHITECTURES[model_type]])
-    if config.get("dtype"):
-        dense.dtype = config["dtype"]
-    return dense
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass
-class Merged:
-    """What a merger returns: the dense state dict, the card's provenance line and the prompts."""
+class MergeOptions:
+    """What `merge` writes: the command line's options by their Python names (`moe-embed merge --help`)."""
 
-    state: dict
-    provenance: str
-    prompts: dict[str, str]
-    default_prompt: str | None
-    calibration_texts: list[str] | None = None  # CoMoE: texts to measure the merged model's agreement on
+    model_dir: str | Path
+    output: str | Path
+    overwrite: bool = False
+    task: str | None = None  # MoTE: one task's experts, unchanged
+    experts: str | list[str] | None = None  # MoTE task names or MoE expert indices to average
+    weights: str | list[float] | None = None  # one per averaged expert, normalised
+    calibration: str | Path | None = None  # MoE / CoMoE: texts, one per line, to weight experts by routing
+    dtype: str | None = None  # default: that of the input
+    max_shard_size: str = "2GB"
+    repo_id: str | None = None
 
+    def __post_init__(self):
+        if self.task and self.experts:
+            raise UsageError("pass --task or --experts, not both")
+        if self.calibration and self.weights:
+            raise UsageError("pass --calibration or --weights, not both")
+        if isinstance(self.experts, str):
+            self.experts = [name.strip() for name in self.experts.split(",") if name.strip()]
+        if isinstance(self.weights, str):
+            try:
+                self.weights = [float(w) for w in self.weights.split(",")]
+            except ValueError:
+                raise UsageError(f"--weights expects comma-separated numbers, got {self.weights!r}") from None
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise UsageError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
 
-def merge_mote_folder(folder: ModelFolder, args, prompts: dict, default_prompt: str | None) -> Merged:
-    """MoTE: Expert Averaging of the selected task experts, or one task's experts unchanged (`--task`)."""
-    if args.calibration:
-        raise UsageError("--calibration weights experts by router usage; MoTE routes by task, use --weights")
-    config = folder.config
-    experts = mote_expert_indices(config, selected_names(args))
-    weights = normalised_weights(len(experts), parse_weights(args))
-    state = merge_mote(read_state_dict(folder.path), config, experts, weights)
-    chosen = [config["tasks"][e] for e in experts]
-    if not args.task:
-        shares = ", ".join(f"{w:.3g}" for w in weights)
-        return Merged(state, f"Expert Averaging of the task experts {chosen} ({shares}).", prompts, default_prompt)
-    task = chosen[0]
-    prefix = config["task_prefixes"][task]
-    # the exported task's prompt becomes the default: its experts expect their prefix
-    default_prompt = task if prompts.get(task) == prefix else next((n for n, t in prompts.items() if t == prefix), None)
-    if default_prompt is None:
-        default_prompt, prompts = task, {**prompts, task: prefix}
-    provenance = f"It holds the `{task}` task experts of the MoTE model, unchanged; `encode` prepends `{prefix}`."
-    return Merged(state, provenance, prompts, default_prompt)
-
-
-def merge_moe_folder(folder: ModelFolder, args, prompts: dict, default_prompt: str | None) -> Merged:
-    """Token-routed MoE: each MoE layer's experts averaged, uniformly, with `--weights`, or by router usage."""
-    if args.task:
-        raise UsageError("--task applies to MoTE folders; a token-routed MoE has no task experts")
-    num_experts = folder.config["num_local_experts"]
-    names = selected_names(args)
-    try:
-        experts = [int(e) for e in names] if names else list(range(num_experts))
-    except ValueError:
-        raise UsageError(f"--experts for a token-routed MoE takes expert indices 0..{num_experts - 1}") from None
-    if any(not 0 <= e < num_experts for e in experts) or len(set(experts)) != len(experts):
-        raise UsageError(f"--experts must be distinct indices in 0..{num_experts - 1}, got {experts}")
-    if args.calibration:
-        layer_weights = router_usage(folder.path, read_calibration(Path(args.calibration)), experts)
-    else:
-        uniform = normalised_weights(len(experts), parse_weights(args))
-        layer_weights = {layer: uniform for layer in folder.config["moe_layers"]}
-    state = merge_moe(read_state_dict(folder.path), experts, layer_weights)
-    provenance = f"Expert Averaging of experts {experts} of every MoE layer" + (
-        " weighted by router usage on a calibration text." if args.calibration else "."
-    )
-    return Merged(state, provenance, prompts, default_prompt)
+    @property
+    def selected(self) -> list[str] | None:
+        """The experts `task` / `experts` name, or `None` for all."""
+        return [self.task] if self.task else (list(self.experts) if self.experts else None)
 
 
-def merge_comoe_folder(folder: ModelFolder, args, prompts: dict, default_prompt: str | None) -> Merged:
-    """CoMoE (full or adapter-only): every LoRA expert folded into its linear, weighted by its routing."""
-    from modeling.modeling_comoe import CoMoeBertModel
+def merge(options: MergeOptions) -> Path:
+    """Write the dense folder `options` describe; returns its path (validate, merge, write)."""
+    from convert.merging import write_merged
+    from moe_embed.folders import EXPERT_MODELS, check_output, open_model_folder
 
-    if args.task or args.experts:
-        raise UsageError("--task and --experts do not apply to CoMoE: every expert is folded in, weighted")
-    comoe = CoMoeBertModel.from_pretrained(str(folder.path)).eval()
-    texts = read_calibration(Path(args.calibration)) if args.calibration else None
-    if texts:
-        shares = comoe_routing_weights(comoe, load_tokenizer(folder.path, trust_remote_code=True), texts)
-    else:
-        uniform = normalised_weights(comoe.config.num_local_experts, parse_weights(args))
-        shares = torch.tensor(uniform, dtype=torch.float64).expand(len(comoe.config.adapted_linears()), -1)
-    logger.info("expert weights per CoMoE linear (mean over linears): %s", shares.mean(0).tolist())
-    provenance = (
-        "The CoMoE LoRA experts folded into the base weights, each weighted by its "
-        + ("mean routing weight on calibration texts" if texts else "share given (uniform by default)")
-        + ". Routing depends on the input, so this dense model approximates the CoMoE model."
-    )
-    return Merged(merge_comoe(comoe, shares), provenance, prompts, default_prompt, calibration_texts=texts)
-
-
-# model type -> merger (validated folder, arguments, prompts, default prompt) -> Merged
-MERGERS = {"mote_bert": merge_mote_folder, "moe_bert": merge_moe_folder, "comoe_bert": merge_comoe_folder}
-
-
-def selected_names(args) -> list[str] | None:
-    """The experts `--task` / `--experts` name, or `None` for all."""
-    return [args.task] if args.task else (args.experts.split(",") if args.experts else None)
-
-
-def parse_weights(args) -> list[float] | None:
-    if not args.weights:
-        return None
-    try:
-        return [float(w) for w in args.weights.split(",")]
-    except ValueError:
-        raise UsageError(f"--weights expects comma-separated numbers, got {args.weights!r}") from None
-
-
-def dense_model(config: dict, state: dict, dtype: torch.dtype | None) -> torch.nn.Module:
-    """The transformers model of the source architecture holding the merged `state` (every key checked)."""
-    from transformers import AutoModel
-
-    with torch.device("meta"):
-        model = AutoModel.from_config(dense_config(config), add_pooling_layer=config.get("add_pooling_layer", True))
-    try:
-        model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as error:
-        raise UsageError(f"merged weights do not fit {type(model).__name__}: {str(error).splitlines()[0]}") from None
-    return model.to(dtype or next(iter(state.values())).dtype).eval()
-
-
-def card_base_model(folder: Path) -> str | None:
-    """The `base_model` the folder's card names, if any."""
-    from huggingface_hub import ModelCard
-
-    try:
-        return ModelCard.load(folder / "README.md").data.base_model
-    except Exception:  # no card or no metadata: the base model is unknown
-        return None
-
-
-def merge(args) -> Path:
-    """Write the dense folder `args` describes; returns its path (validate, dispatch, write)."""
-    folder = open_model_folder(args.model_dir, EXPERT_MODELS)
-    output = check_output(args.output, (folder.path,), args.overwrite)
+    folder = open_model_folder(options.model_dir, EXPERT_MODELS)
+    output = check_output(options.output, (folder.path,), options.overwrite)
     if folder.is_adapter and folder.model_type != "comoe_bert":
         raise UsageError(f"{folder.name} is an adapter-only folder of model_type={folder.model_type!r}")
-    if args.task and args.experts:
-        raise UsageError("pass --task or --experts, not both")
-    if args.calibration and args.weights:
-        raise UsageError("pass --calibration or --weights, not both")
-    st_config = read_json(folder.path / "config_sentence_transformers.json")
-    merged = MERGERS[folder.model_type](
-        folder, args, st_config.get("prompts", {}), st_config.get("default_prompt_name")
-    )
-    model = dense_model(folder.config, merged.state, parse_dtype(args.dtype) if args.dtype else None)
-    with atomic_output_dir(output, args.overwrite) as tmp:
-        model.save_pretrained(tmp, max_shard_size=args.max_shard_size)
-        copy_tokenizer_files(folder.path, tmp)
-        write_sentence_transformers_files(
-            folder.path,
-            tmp,
-            "sentence_transformers.models.Transformer",
-            merged.prompts,
-            default_prompt_name=merged.default_prompt,
-            drop_module_keys=("prepend_task_prefix",),
-        )
-        render_card(
-            tmp,
-            args.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}",
-            base_model=card_base_model(folder.path),
-            license_id=source_license(folder.path),
-            provenance=merged.provenance,
-        )
-    print(f"wrote {output} ({merged.provenance})")
-    if folder.model_type == "comoe_bert":
-        if merged.calibration_texts:
-            cosine = mean_cosine(folder.path, output, merged.calibration_texts[:512])
-            print(f"mean cosine between the CoMoE and the merged embeddings on the calibration texts: {cosine:.4f}")
-        else:
-            print("no --calibration texts: the merged model's agreement with the CoMoE model was not measured")
-    return output
+    return write_merged(folder, output, options)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=HelpFormatter,
-    )
+def build_parser(prog: str | None = None):
+    parser = command_parser(__doc__, prog)
     parser.add_argument("model_dir", help="MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder")
     parser.add_argument("--output", required=True, help="folder to write")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument(
-        "--task", default=None, help="MoTE: export this task's experts (its prompt becomes the default)"
-    )
+    parser.add_argument("--task", help="MoTE: export this task's experts (only its prompts are kept)")
     parser.add_argument(
         "--experts",
-        default=None,
         help="average only these experts: MoTE task names (e.g. clustering,document) or MoE indices (e.g. 0,3)",
     )
-    parser.add_argument("--weights", default=None, help="comma-separated weights of the averaged experts (normalised)")
+    parser.add_argument("--weights", help="comma-separated weights of the averaged experts (normalised)")
     parser.add_argument(
         "--calibration",
-        default=None,
         help="MoE / CoMoE: text file, one text per line; weight each layer's experts by their router usage on it",
     )
+    parser.add_argument("--dtype", choices=DTYPES, help="dtype of the saved weights (default: that of the input)")
     parser.add_argument(
-        "--dtype",
-        default=None,
-        choices=["float32", "float16", "bfloat16"],
-        help="dtype of the saved weights (default: that of the input)",
+        "--max-shard-size", default="2GB", type=shard_size, help="safetensors shard size above which weights are split"
     )
-    parser.add_argument(
-        "--max-shard-size",
-        default="2GB",
-        type=check_shard_size,
-        help="safetensors shard size above which weights are split",
-    )
-    parser.add_argument("--repo-id", default=None, help="Hub id shown in the model card's usage snippets")
+    parser.add_argument("--repo-id", help="Hub id shown in the model card's usage snippets")
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    merge(build_parser().parse_args(argv))
+def main(argv: list[str] | None = None, prog: str | None = None) -> Path:
+    args = vars(parse(build_parser(prog), argv))
+    args.pop("verbose")
+    return merge(MergeOptions(**args))
 
 
 if __name__ == "__main__":

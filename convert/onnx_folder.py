@@ -18,9 +18,22 @@ files (sources in `docs/architecture.md`, "Serving contract"):
 from __future__ import annotations
 
 import json
+import logging
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from convert.checkpoint import read_json, write_json, write_sentence_transformers_files
+import torch
+
+from convert.onnx_checks import check_export, quantize_checked
+from convert.onnx_graph import GRAPH_FILE, build_graph, export_graph, graph_inputs, output_names, session
+from modeling.st_folder import write_sentence_transformers_files
+from moe_embed.files import atomic_output_dir, read_json, write_json
+
+if TYPE_CHECKING:
+    from convert.export_onnx import ExportOptions
+
+logger = logging.getLogger(__name__)
 
 
 def write_folder_files(source: Path, target: Path, st, input_length: int):
@@ -54,6 +67,66 @@ def write_folder_files(source: Path, target: Path, st, input_length: int):
     return client
 
 
+def onnx_config(graph, st, example: dict, input_length: int, opset: int | None, worst: float, agreement) -> dict:
+    """What a runtime needs besides the graph: inputs, outputs, lengths, prompts, tasks, int8 agreement."""
+    import onnxruntime
+
+    config = graph.model.config
+    result = {
+        "source_model_type": config.model_type,
+        "graph": GRAPH_FILE,
+        "inputs": list(example),
+        "outputs": output_names(graph),
+        "sentence_transformers_modules": [type(module).__name__ for module in graph.head],
+        "dimension": getattr(st, "get_embedding_dimension", st.get_sentence_embedding_dimension)(),
+        "max_seq_length": st.max_seq_length,
+        "input_length": input_length,
+        "prompts": dict(st.prompts or {}),
+        "default_prompt_name": st.default_prompt_name,
+        "max_abs_difference": float(f"{worst:.3g}"),
+        "int8": agreement,
+        "opset": opset,
+        "versions": {"torch": torch.__version__.split("+")[0], "onnxruntime": onnxruntime.__version__},
+    }
+    if config.model_type == "mote_bert":
+        result.update(
+            tasks=config.tasks,
+            task_prefixes=config.task_prefixes,
+            default_task=config.default_task,
+            exported_task=graph.task,
+        )
+    return result
+
+
+def write_onnx_folder(folder: Path, output: Path, options: ExportOptions) -> Path:
+    """Trace, check (and quantise) the export of the opened `folder` and write the ONNX folder to `output`."""
+    from moe_embed.folders import load_sentence_transformer
+
+    st = load_sentence_transformer(folder, trust_remote_code=True, device="cpu")
+    graph = build_graph(folder, st, options.task)
+    model, prompts = graph.model, graph.prompts
+    input_length = st.max_seq_length + (prompts.longest if prompts is not None else 0)
+    with atomic_output_dir(output, options.overwrite) as tmp:
+        client = write_folder_files(folder, tmp, st, input_length)  # the tokenizer a client loads
+        example_task_ids = [-1, model.config.num_tasks - 1] if options.task_ids_input else None
+        first = next(iter((st.prompts or {}).values()), "")
+        example = graph_inputs(client, [first + "an example", "two"], example_task_ids)
+        if "token_type_ids" not in st[0].tokenizer.model_input_names:
+            example.pop("token_type_ids")
+        start = time.perf_counter()
+        logger.info("tracing and exporting %s (one pass, 20-60 s on 2 CPU cores)", folder)
+        export_graph(graph, example, tmp / GRAPH_FILE, options.opset)
+        logger.info("exported in %.1f s", time.perf_counter() - start)
+        fp32 = session(tmp / GRAPH_FILE)  # one session for every check
+        worst = check_export(fp32, graph, st, client, example, options.tolerance)
+        agreement = quantize_checked(tmp, fp32, st, client, options.int8_min_cosine) if options.quantize else None
+        info = onnx_config(graph, st, example, input_length, options.opset, worst, agreement)
+        write_json(tmp / "onnx_config.json", info)
+        (tmp / "README.md").write_text(usage_card(folder.name, info))
+    print(f"wrote {output} (max |onnxruntime - torch| {worst:.1e})")
+    return output
+
+
 def usage_card(name: str, info: dict) -> str:
     """The folder's README: the contract, the prompts, int8 agreement, and how each client loads it."""
     prompts = info["prompts"]
@@ -61,11 +134,11 @@ def usage_card(name: str, info: dict) -> str:
     rows = "\n".join(f"| `{key}` | `{json.dumps(value)}` |" for key, value in prompts.items()) or "| (none) | |"
     routed = "routed_task_ids" in info["outputs"]
     if routed:
-        default = info.get("default_prompt_name")
+        default = info.get("default_task")
         routing = (
             "The graph routes each row by the prompt it starts with (a MoTE task prefix picks that task's "
             f"expert); a text without one is embedded as `SentenceTransformer.encode` embeds it without a "
-            f"prompt{f' (the default prompt `{default}`)' if default else ''}. The graph cuts each row at "
+            f"prompt{f' (the default task `{default}`)' if default else ''}. The graph cuts each row at "
             f"{info['max_seq_length']} tokens after the prompt is handled, as the PyTorch folder does."
         )
     elif info.get("exported_task"):
@@ -148,4 +221,4 @@ Without the f32 hint, OpenVINO runs in bf16 on CPUs that have it (cosine to fp32
 """
 
 
-__all__ = ["write_folder_files", "usage_card"]
+__all__ = ["write_folder_files", "write_onnx_folder", "onnx_config", "usage_card"]

@@ -1,7 +1,7 @@
 """int8 beside the fp32 graph: onnxruntime dynamic quantisation, measured against fp32 on real texts.
 
 The setting is the one measured best on a routed MoTE graph (`benchmarks/int8_settings.py`, table in
-`docs/notes/serving-contract.md` §6): QInt8 weights quantised per output channel, MatMul only, no
+`docs/serving.md`): QInt8 weights quantised per output channel, MatMul only, no
 reduce_range, which is what sentence-transformers' `avx512_vnni` configuration chooses; per-tensor weights
 fall to cosine 0.938 on some rows. The file is named as sentence-transformers names that variant
 (`onnx/model_qint8_avx512_vnni.onnx`), so `backend="onnx", model_kwargs={"file_name": ...}` and fastembed's
@@ -22,12 +22,6 @@ import numpy as np
 
 INT8_FILE = "model_qint8_avx512_vnni.onnx"
 AGREEMENT_TEXTS = Path(__file__).resolve().parent / "agreement_texts.txt"
-# Refuse below this minimum cosine. It sits between what was measured to keep accuracy and what was measured
-# to break agreement (`benchmarks/int8_accuracy.py` and `benchmarks/int8_settings.py`, docs/benchmarks.md):
-# the recipe's MoTE (examples/train_mote.yaml, seed 2) quantises at min 0.976 and loses 0.27 on STS-B and
-# nothing on SciFact, inside the 0.5-point budget, while per-tensor weights fall to 0.938. 0.97 accepts the
-# first with room for CPUs whose integer kernels round differently and refuses the second.
-DEFAULT_MIN_COSINE = 0.97
 
 
 def quantize(
@@ -66,4 +60,4 @@ def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-__all__ = ["INT8_FILE", "DEFAULT_MIN_COSINE", "quantize", "agreement_texts", "row_cosines"]
+__all__ = ["INT8_FILE", "quantize", "agreement_texts", "row_cosines"]

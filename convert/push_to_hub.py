@@ -1,40 +1,36 @@
 """Validate a model folder and publish it to the Hugging Face Hub (safetensors and code, never pickles).
 
-    python convert/push_to_hub.py models/mote-minilm --repo-id you/mote-minilm
-    python convert/push_to_hub.py models/minilm-ea --repo-id you/minilm-ea --private --revision v1
-    python convert/push_to_hub.py models/comoe-adapter --repo-id you/comoe-adapter \
+    moe-embed push models/mote-minilm --repo-id you/mote-minilm
+    moe-embed push models/minilm-ea --repo-id you/minilm-ea --private --revision v1
+    moe-embed push models/comoe-adapter --repo-id you/comoe-adapter \
         --base-model-id sentence-transformers/all-MiniLM-L6-v2      # adapter-only folder of a local base
 
-Before anything is uploaded, the folder is loaded in a separate Python process with
-`AutoModel.from_pretrained(..., trust_remote_code=True)` and `SentenceTransformer(...)`, and both run a
-forward pass. The model card is refreshed for the target repository (metadata for the Hub, usage
-snippets naming `--repo-id`), or rendered from `hub_cards/` if the folder has none; the folder
-itself is not modified. Everything is uploaded in one commit. An adapter-only CoMoE folder is
-published naming its base model; one that names a local folder needs `--base-model-id`, the Hub id
-the uploaded `adapter_config.json` and `config.json` then name instead. The token comes from the usual
+(`python convert/push_to_hub.py ...` is the same command.) Before anything is uploaded, the folder is loaded
+in a separate Python process with `AutoModel.from_pretrained(..., trust_remote_code=True)` and
+`SentenceTransformer(...)`, and both run a forward pass. The model card is refreshed for the target repository
+(metadata for the Hub, usage snippets naming `--repo-id`), or rendered from `hub_cards/` if the folder has
+none; the folder itself is not modified. Everything is uploaded in one commit. An adapter-only CoMoE folder is
+published naming its base model; one that names a local folder needs `--base-model-id`, the Hub id the
+uploaded `adapter_config.json` and `config.json` then name instead. The token comes from the usual
 huggingface_hub sources (`HF_TOKEN`, `hf auth login`) and is never printed.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as `python convert/push_to_hub.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from convert.cards import PLACEHOLDER_OWNER, build_card
-from convert.checkpoint import read_json
-from convert.folders import PICKLE_SUFFIXES, open_model_folder
 from modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
+from moe_embed.files import read_json
+from moe_embed.folders import PICKLE_SUFFIXES, open_model_folder
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
-logger = logging.getLogger("push_to_hub")
+logger = logging.getLogger(__name__)
 
 # Loads the folder the way users will, in a fresh interpreter, and runs one forward pass each way.
 VALIDATE = """
@@ -89,6 +85,8 @@ def refreshed_card(folder: Path, repo_id: str) -> str:
     """The folder's model card with Hub metadata ensured and usage snippets naming `repo_id`."""
     from huggingface_hub import ModelCard
 
+    from convert.cards import PLACEHOLDER_OWNER, build_card
+
     if not (folder / "README.md").is_file():
         return str(build_card(folder, repo_id))
     card = ModelCard.load(folder / "README.md")
@@ -116,7 +114,8 @@ def adapter_files_naming(folder: Path, base_model_id: str | None) -> tuple[dict[
             raise UsageError("--base-model-id applies to adapter-only folders (with adapter_config.json)")
         return {}, False
     base = read_json(folder / "adapter_config.json").get("base_model_name_or_path")
-    local = bool(base) and (Path(base).is_absolute() or Path(base).exists())
+    # a local folder: absolute, or relative to the adapter folder (as adapters name theirs) or to here
+    local = bool(base) and (Path(base).is_absolute() or (folder / base).is_dir() or Path(base).exists())
     if not base_model_id:
         if local:
             raise UsageError(
@@ -134,14 +133,28 @@ def adapter_files_naming(folder: Path, base_model_id: str | None) -> tuple[dict[
     return rewritten, not local  # the local folder's own files still name the local base
 
 
-def push(args) -> str:
-    """Validate, then upload `args.model_dir` to `args.repo_id` in one commit; returns the commit URL."""
+@dataclass
+class PushOptions:
+    """What `push` publishes: the command line's options by their Python names (`moe-embed push --help`)."""
+
+    model_dir: str | Path
+    repo_id: str
+    private: bool = False
+    revision: str | None = None  # branch to commit to (created if missing); default main
+    commit_message: str = "Upload model with moe-embed"
+    base_model_id: str | None = None  # adapter-only folders: the Hub id of the base the upload names
+
+    def __post_init__(self):
+        if self.repo_id.count("/") != 1 or not all(self.repo_id.split("/")):
+            raise UsageError(f"--repo-id must look like OWNER/NAME, got {self.repo_id!r}")
+
+
+def push(options: PushOptions) -> str:
+    """Validate, then upload the folder to `options.repo_id` in one commit; returns the commit URL."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    folder = open_model_folder(args.model_dir, fetch=False).path
-    if args.repo_id.count("/") != 1 or not all(args.repo_id.split("/")):
-        raise UsageError(f"--repo-id must look like OWNER/NAME, got {args.repo_id!r}")
-    rewritten, hub_base = adapter_files_naming(folder, args.base_model_id)
+    folder = open_model_folder(options.model_dir, fetch=False).path
+    rewritten, hub_base = adapter_files_naming(folder, options.base_model_id)
     logger.info("validating %s", folder)
     validate(folder, offline=not hub_base)
     operations = [
@@ -152,45 +165,42 @@ def push(args) -> str:
         for path in files_to_upload(folder)
         if path.relative_to(folder).as_posix() != "README.md"
     ]
-    operations.append(
-        CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=refreshed_card(folder, args.repo_id).encode())
-    )
+    card = refreshed_card(folder, options.repo_id).encode()
+    operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card))
     api = HfApi()
     try:
-        api.create_repo(args.repo_id, private=args.private, exist_ok=True)
-        if args.revision and args.revision != "main":
-            api.create_branch(args.repo_id, branch=args.revision, exist_ok=True)
+        api.create_repo(options.repo_id, private=options.private, exist_ok=True)
+        if options.revision and options.revision != "main":
+            api.create_branch(options.repo_id, branch=options.revision, exist_ok=True)
         commit = api.create_commit(
-            args.repo_id, operations=operations, commit_message=args.commit_message, revision=args.revision
+            options.repo_id, operations=operations, commit_message=options.commit_message, revision=options.revision
         )
     except Exception as error:  # HTTP and auth errors: report the message, never the token
         raise UsageError(
-            f"upload to {args.repo_id} failed: {type(error).__name__}: {str(error).splitlines()[0]}"
+            f"upload to {options.repo_id} failed: {type(error).__name__}: {str(error).splitlines()[0]}"
         ) from None
-    print(f"uploaded {len(operations)} files to {args.repo_id}: {commit.commit_url}")
+    print(f"uploaded {len(operations)} files to {options.repo_id}: {commit.commit_url}")
     return commit.commit_url
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=HelpFormatter,
-    )
-    parser.add_argument("model_dir", help="model folder written by upcycle.py or merge_experts.py")
+def build_parser(prog: str | None = None):
+    parser = command_parser(__doc__, prog)
+    parser.add_argument("model_dir", help="model folder written by this package's converters or training")
     parser.add_argument("--repo-id", required=True, help="target repository, OWNER/NAME")
     parser.add_argument("--private", action="store_true", help="create the repository as private")
-    parser.add_argument("--revision", default=None, help="branch to commit to (created if missing; default: main)")
+    parser.add_argument("--revision", help="branch to commit to (created if missing; default: main)")
     parser.add_argument("--commit-message", default="Upload model with moe-embed", help="commit message")
     parser.add_argument(
         "--base-model-id",
-        default=None,
         help="adapter-only folders: the Hub id of the base model, named in the uploaded adapter_config.json",
     )
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    push(build_parser().parse_args(argv))
+def main(argv: list[str] | None = None, prog: str | None = None) -> str:
+    args = vars(parse(build_parser(prog), argv))
+    args.pop("verbose")
+    return push(PushOptions(**args))
 
 
 if __name__ == "__main__":

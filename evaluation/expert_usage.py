@@ -22,21 +22,16 @@ the numbers as JSON, `--plot` a figure (needs matplotlib, the `analysis` extra).
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from convert.folders import load_sentence_transformer
-from evaluation import data as D
-from evaluation.data import DATA_DIR_HELP
 from evaluation.run import Task, prompt_for, select_tasks
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
+from moe_embed import data as D
+from moe_embed.data import DATA_DIR_HELP
+from moe_embed.folders import load_sentence_transformer
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 ROUTED_MODEL_TYPES = ("comoe_bert", "moe_bert")
 
@@ -88,7 +83,7 @@ def mean_pairwise_cosine(outputs):
     tokens where some expert's output is zero (cosine undefined) are left out."""
     import torch
 
-    from modeling.modeling_comoe import cosine_from_gram
+    from modeling.comoe_layer import cosine_from_gram
 
     outputs = outputs.float()
     defined = outputs.norm(dim=-1).gt(0).all(dim=1)
@@ -226,8 +221,8 @@ def plot(usage: dict[str, list[dict]], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
+    parser = command_parser(__doc__, prog)
     parser.add_argument("model", help="CoMoE-PEFT or token-routed MoE folder (or Hub id)")
     parser.add_argument("--tasks", default="all", help="comma-separated evaluation.run task names, or 'all'")
     parser.add_argument("--max-texts", type=int, default=256, help="texts per task (default 256)")
@@ -236,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--output", default=None, help="JSON file for the numbers")
     parser.add_argument("--plot", default=None, help="image file for the figure (needs matplotlib)")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if args.max_texts < 1 or args.batch_size < 1:
         parser.error("--max-texts and --batch-size must be positive integers")
     tasks = select_tasks(args.tasks)

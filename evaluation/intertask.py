@@ -14,22 +14,17 @@ lacks); `--texts FILE` takes one text per line instead. Writes `intertask.json` 
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import sys
 from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from convert.folders import load_sentence_transformer
-from evaluation import data as D
-from evaluation.data import DATA_DIR_HELP
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
+from moe_embed import data as D
+from moe_embed.data import DATA_DIR_HELP
+from moe_embed.folders import load_sentence_transformer
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 TASKS = ("query", "document", "classification", "clustering")
 LABELS = {
@@ -131,8 +126,8 @@ def default_texts(root: Path, count: int, seed: int) -> list[str]:
     return [f"{d.get('title', '')} {d['text']}".strip() for d in random.Random(seed).sample(corpus, count)]
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict]:
+    parser = command_parser(__doc__, prog)
     parser.add_argument(
         "models", nargs=2, help="two model folders or Hub ids; the test asks whether the first is lower"
     )
@@ -143,7 +138,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seed", type=int, default=0, help="seed of the default texts' draw (default 0)")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the models' own code (MoTE)")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     names = args.names.split(",") if args.names else [Path(m).name or m for m in args.models]
     if len(names) != 2 or len(set(names)) != 2:
         raise UsageError(f"--names takes two different comma-separated names, got {args.names!r}")

@@ -1,38 +1,32 @@
-"""Evaluate an embedding model on the local MTEB-style suite over `../shared/data`.
+"""Evaluate an embedding model on the local MTEB-style suite over the data folder.
 
-    python -m evaluation.run models/mote-minilm --tasks STSBenchmark,SciFact --output results.json
-    python -m evaluation.run sentence-transformers/all-MiniLM-L6-v2 --tasks all
+    moe-embed evaluate models/mote-minilm --trust-remote-code --tasks STSBenchmark,SciFact --output results.json
+    moe-embed evaluate sentence-transformers/all-MiniLM-L6-v2 --tasks all
 
+(`python -m evaluation.run ...` is the same command.)
 Task names follow MTEB's where MTEB has the dataset; clustering tasks marked "(local)" have no
 MTEB counterpart. Each task type is encoded with the prompt MoTE's paper maps it to, when the
 model defines it: retrieval queries `query` and documents `document`; STS, pair classification
 and classification `classification`; clustering `clustering`. Models without prompts get none.
-Scores are on a 0-100 scale; `--output` writes `{task: {"main_score": x, "metric": name}}` and a
-markdown table goes to stdout.
+Scores are on a 0-100 scale; `--output` writes `{task: {"main_score": x, "metric": name}}`, again after
+every task (a stopped run keeps what it scored), and a markdown table goes to stdout. Every task's data is
+read before the model is loaded, so a missing file is reported at once.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from modeling.defaults import TASK_NAME_ALIASES, TASK_TYPE_EXPERTS
+from moe_embed import data as D
+from moe_embed.data import DATA_DIR_HELP
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from convert.folders import load_sentence_transformer
-from evaluation import data as D
-from evaluation.data import DATA_DIR_HELP
-from evaluation.metrics import classification_accuracy, clustering_v_measure, undersample_draws
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
-
-logger = logging.getLogger("evaluation")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -107,31 +101,23 @@ TASKS = {
     ]
 }
 
-# Prompt name per (task type, role), as MoTE maps unseen task types onto its four tasks.
-PROMPTS = {
-    ("retrieval", "query"): ("query",),
-    ("retrieval", "document"): ("document", "passage", "corpus"),
-    ("sts", "text"): ("classification",),
-    ("pair_classification", "text"): ("classification",),
-    ("classification", "text"): ("classification",),
-    ("clustering", "text"): ("clustering",),
-}
-
 
 def prompt_for(model, task_type: str, role: str = "text") -> str:
-    """The prompt text the model defines for this task type and role, or ''."""
-    for name in PROMPTS[(task_type, role)]:
-        if name in (model.prompts or {}):
-            return model.prompts[name]
-    return ""
+    """The prompt the model defines for the MoTE task that serves this task type and role (`TASK_TYPE_EXPERTS`,
+    e.g. STS -> classification, retrieval documents -> document), under the task's name or one of its other
+    names (`passage`, `corpus`), or ''."""
+    task = TASK_TYPE_EXPERTS[task_type if role == "text" else f"{task_type}_{role}"]
+    names = [task, *(alias for alias, target in TASK_NAME_ALIASES.items() if target == task)]
+    return next((model.prompts[name] for name in names if name in (model.prompts or {})), "")
 
 
-def embed(model, texts: list[str], prompt: str, batch_size: int) -> np.ndarray:
+def embed(model, texts: list[str], prompt: str, batch_size: int):
     return model.encode(texts, prompt=prompt, batch_size=batch_size, convert_to_numpy=True, show_progress_bar=False)
 
 
-def evaluate(model, task: Task, root: Path, batch_size: int = 64, seed: int = 42) -> float:
-    """Main score of `model` on `task`, 0-100."""
+def evaluate(model, task: Task, data, batch_size: int = 64, seed: int = 42) -> float:
+    """Main score of `model` on `task`, 0-100; `data` is `task.load(data folder)`."""
+    import numpy as np
     from sentence_transformers.sentence_transformer.evaluation import (
         BinaryClassificationEvaluator,
         EmbeddingSimilarityEvaluator,
@@ -139,7 +125,8 @@ def evaluate(model, task: Task, root: Path, batch_size: int = 64, seed: int = 42
     )
     from sentence_transformers.util import cos_sim
 
-    data = task.load(root)
+    from evaluation.metrics import classification_accuracy, clustering_v_measure, undersample_draws
+
     if task.type == "sts":
         prompt = prompt_for(model, "sts")
         evaluator = EmbeddingSimilarityEvaluator(
@@ -199,33 +186,45 @@ def select_tasks(spec: str) -> list[Task]:
     return [TASKS[name] for name in names]
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def build_parser(prog: str | None = None):
+    parser = command_parser(__doc__, prog)
     parser.add_argument("model", help="model folder or Hub id (loaded with SentenceTransformer)")
     parser.add_argument("--tasks", default="all", help=f"comma-separated task names or 'all': {', '.join(TASKS)}")
-    parser.add_argument("--output", default=None, help="JSON file to write the scores to")
-    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    parser.add_argument("--output", help="JSON file to write the scores to (written again after every task)")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     parser.add_argument("--seed", type=int, default=42, help="seed of the classification and clustering protocols")
     parser.add_argument(
-        "--trust-remote-code", action="store_true", help="allow the model folder's own code (MoTE, MoE)"
+        "--trust-remote-code", action="store_true", help="allow the model folder's own code (MoTE, MoE, CoMoE, AEA)"
     )
-    args = parser.parse_args(argv)
-    tasks = select_tasks(args.tasks)
-    root = D.data_dir(args.data_dir)
+    return parser
 
-    model = load_sentence_transformer(args.model, trust_remote_code=args.trust_remote_code)
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
+    from moe_embed.files import atomic_write_text
+    from moe_embed.folders import check_output, load_sentence_transformer, open_model_folder
+
+    args = parse(build_parser(prog), argv)
+    tasks = select_tasks(args.tasks)
+    # every input checked before the long steps: the model folder, the data of every task, the output
+    folder = open_model_folder(args.model, trust_remote_code=args.trust_remote_code)
+    root = D.data_dir(args.data_dir)
+    data = {task.name: task.load(root) for task in tasks}
+    if args.output:
+        check_output(args.output, overwrite=args.overwrite)
+    model = load_sentence_transformer(folder.path, trust_remote_code=args.trust_remote_code)
     results = {}
     for task in tasks:
         logger.info("evaluating %s", task.name)
-        score = evaluate(model, task, root, args.batch_size, args.seed)
+        score = evaluate(model, task, data[task.name], args.batch_size, args.seed)
         results[task.name] = {"main_score": round(score, 4), "metric": task.metric}
         logger.info("%s: %.2f (%s)", task.name, score, task.metric)
+        if args.output:  # what is scored is kept, whatever happens to the next task
+            atomic_write_text(args.output, json.dumps(results, indent=2) + "\n", overwrite=True)
     print("| task | type | metric | score |\n|---|---|---|---:|")
     for task in tasks:
         print(f"| {task.name} | {task.type} | {task.metric} | {results[task.name]['main_score']:.2f} |")
-    if args.output:
-        Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 

@@ -1,7 +1,7 @@
 """Load a MoTE model folder with transformers and with Sentence-Transformers, embed one text under
 every task, and print the embeddings and their inter-task cosine similarities.
 
-    python convert/upcycle.py --output models/mote-minilm
+    moe-embed upcycle --output models/mote-minilm
     python examples/quickstart.py models/mote-minilm
 """
 

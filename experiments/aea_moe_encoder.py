@@ -1,4 +1,4 @@
-"""AEA on this project's token-routed MoE encoder (issue 12, experiment).
+"""AEA on this project's token-routed MoE encoder.
 
     python -m experiments.aea_moe_encoder --output models/aea-experiment --seeds 0,1,2
 
@@ -17,33 +17,28 @@ own prompt (the `classification: ` prefix) and mean pooling:
 - `moee-sum+aea`: MoEE-sum of the AEA model.
 
 Each variant gets its own α (0..10) and exit layer (3..6) by Spearman correlation on the STS-B dev
-pairs, as `convert/calibrate_aea.py --search` chooses them, and is then scored on STS-B test and
-SICK-R (`evaluation.run`'s pairs: cosine Spearman x 100). The search is run in process with the
+pairs, as `moe-embed calibrate-aea --search` chooses them, and is then scored on STS-B test and
+SICK-R (`moe-embed evaluate`'s pairs: cosine Spearman x 100). The search is run in process with the
 converter's functions (one forward per distinct allocation serves the three embeddings); on seed 0
-the `aea` variant is also written by the converter and scored through `evaluation.run` to check the
+the `aea` variant is also written by the converter and scored through `moe-embed evaluate` to check the
 saved folder against the in-process number. The homogeneity per layer is reported before and after
 training. Finished steps are skipped; results go to `OUTPUT/aea/*.json` and `OUTPUT/report.md`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import statistics
-import sys
 from pathlib import Path
 
 import yaml
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from convert.checkpoint import bundled_minilm_path
 from evaluation.run import TASKS
 from experiments import prepare_data
-from experiments.mote_vs_ic import TRAINING, evaluate, run, summary
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
+from experiments.common import TRAINING, evaluate, moe_embed, run, summary
+from moe_embed.folders import bundled_minilm_path
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 logger = logging.getLogger("experiment")
 UPCYCLE = ["--arch", "moe", "--moe-layers", "all", "--num-experts", "8", "--experts-per-token", "2"]
@@ -67,7 +62,7 @@ def train(out: Path, seed: int, tasks: dict) -> tuple[Path, Path]:
     """Upcycle and train one seed; returns (upcycled folder, trained folder)."""
     base = out / "runs" / f"moe-base-s{seed}"
     if not (base / "config.json").exists():
-        command = ["convert/upcycle.py", *UPCYCLE, "--seed", str(seed), "--base", bundled_minilm_path()]
+        command = moe_embed("upcycle", *UPCYCLE, "--seed", str(seed), "--base", bundled_minilm_path())
         run([*command, "--output", str(base)], out / "logs" / f"upcycle-s{seed}.log")
     folder = out / "runs" / f"moe-s{seed}"
     if not (folder / "config_sentence_transformers.json").exists():
@@ -82,7 +77,7 @@ def train(out: Path, seed: int, tasks: dict) -> tuple[Path, Path]:
         path = out / "configs" / f"{folder.name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        run(["-m", "training.train", "--config", str(path)], out / "logs" / f"{folder.name}.log")
+        run(moe_embed("train", "--config", str(path)), out / "logs" / f"{folder.name}.log")
     return base, folder
 
 
@@ -94,8 +89,10 @@ def pairs_of(task: str) -> tuple[list[str], list[str], list[float]]:
 def evaluate_seed(out: Path, seed: int, base: Path, folder: Path) -> dict:
     """Homogeneity before and after training, and every variant's search and test scores (cached in
     `OUTPUT/aea/sSEED.json`)."""
-    from convert import calibrate_aea as C
-    from modeling.aea import EMBEDDINGS, find_moe_layers, measure_homogeneity
+    from convert import aea_calibration as C
+    from modeling.aea_homogeneity import measure_homogeneity
+    from modeling.aea_layers import find_moe_layers
+    from modeling.aea_pooling import EMBEDDINGS
 
     path = out / "aea" / f"s{seed}.json"
     if path.exists():
@@ -156,11 +153,11 @@ def saved(out: Path, seed: int, checked: bool) -> bool:
 
 
 def check_folder(out: Path, folder: Path, seed: int) -> dict:
-    """The `aea` variant written by `convert/calibrate_aea.py --search` and scored by `evaluation.run`
+    """The `aea` variant written by `moe-embed calibrate-aea --search` and scored by `moe-embed evaluate`
     through Sentence-Transformers, as a user would run it."""
     target = out / "folders" / f"aea-s{seed}"
     if not (target / "aea_config.json").exists():
-        command = ["convert/calibrate_aea.py", str(folder), "--output", str(target), "--search", "--overwrite"]
+        command = moe_embed("calibrate-aea", str(folder), "--output", str(target), "--search", "--overwrite")
         run(command, out / "logs" / f"calibrate-aea-s{seed}.log")
     return evaluate(out, f"folder-aea-s{seed}", str(target), ",".join(TEST_TASKS))
 
@@ -208,20 +205,20 @@ def write_report(out: Path, seeds: list[int]) -> str:
     if check.exists():
         saved = json.loads(check.read_text())
         in_process = results[done[0]]["variants"]["aea"]
-        lines += ["", f"Seed {done[0]}'s `aea` by `convert/calibrate_aea.py --search`, scored by `evaluation.run`:"]
+        lines += ["", f"Seed {done[0]}'s `aea` by `moe-embed calibrate-aea --search`, scored by `moe-embed evaluate`:"]
         lines += [", ".join(f"{t} {saved[t]['main_score']:.2f} (in process {in_process[t]:.2f})" for t in TEST_TASKS)]
     text = "\n".join(lines) + "\n"
     (out / "report.md").write_text(text)
     return text
 
 
-def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> str:
+    parser = command_parser(__doc__, prog)
     parser.add_argument("--output", required=True, help="folder for data, models, logs, results and report.md")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
     parser.add_argument("--train-only", action="store_true", help="upcycle and train, then stop")
     parser.add_argument("--report-only", action="store_true", help="write report.md from OUTPUT/aea only")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
     except ValueError:
@@ -231,7 +228,7 @@ def main(argv: list[str] | None = None) -> str:
         tasks = prepare_data.write(prepare_data.build(prepare_data.D.data_dir()), out / "data", negatives=False)
         for seed in seeds:  # seed by seed, so that a partial run already reports
             if saved(out, seed, checked=seed == seeds[0]) and not args.train_only:
-                continue  # results saved (e.g. copied from docs/experiment-aea): no need for the models
+                continue  # results saved (e.g. copied from experiments/results/aea): no need for the models
             base, folder = train(out, seed, tasks)
             if args.train_only:
                 continue

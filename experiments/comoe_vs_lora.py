@@ -1,4 +1,4 @@
-"""CoMoE-PEFT against LoRA and MoE-LoRA at this machine's scale (issue 11, experiment).
+"""CoMoE-PEFT against LoRA and MoE-LoRA at this machine's scale.
 
     python -m experiments.comoe_vs_lora --output models/comoe-experiment --seeds 0,1,2
 
@@ -15,32 +15,27 @@ it trains
 
 and, on `--sweep-seed` only, CoMoE with the other λ of `--sweep` (paper Figure 3; λ = 0 and 0.01
 are `moe-lora` and `comoe`). The learning rate is the paper's 2e-4 for every variant. It then
-evaluates every run and the untouched base on the suite (`evaluation.run`, SciFact left out by
+evaluates every run and the untouched base on the suite (`moe-embed evaluate`, SciFact left out by
 default: one SciFact evaluation costs more than a training run here), writes the expert usage of
 MoE-LoRA and CoMoE (`evaluation.expert_usage`) and a report: the scores split into in-domain tasks
 (their train split is in the training data) and out-of-domain ones, trainable parameters, and
 per-seed differences to `--reference` (default `lora-r16`). As in `experiments.mote_vs_ic`,
 finished steps are skipped, and runs whose scores are in `OUTPUT/results/` are not retrained
-(`docs/experiment-comoe/results/` holds those reported in `docs/results.md`).
+(`experiments/results/comoe-vs-lora/results/` holds those reported in `docs/results.md`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import sys
 from pathlib import Path
 
 import yaml
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from convert.checkpoint import bundled_minilm_path
 from evaluation.run import TASKS, select_tasks
-from experiments.mote_vs_ic import TRAINING, evaluate, prepare, run, saved_results, write_report
-from moe_embed_cli import HelpFormatter, run_cli
+from experiments.common import TRAINING, evaluate, moe_embed, prepare, run, saved_results, write_report
+from moe_embed.folders import bundled_minilm_path
+from moe_embed.usage import command_parser, parse, run_cli
 
 logger = logging.getLogger("experiment")
 VARIANTS = {
@@ -95,7 +90,7 @@ def train(out: Path, variant: str, seed: int, tasks: dict) -> Path:
     path = out / "configs" / f"{folder.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    run(["-m", "training.train", "--config", str(path)], out / "logs" / f"{folder.name}.log")
+    run(moe_embed("train", "--config", str(path)), out / "logs" / f"{folder.name}.log")
     return folder
 
 
@@ -139,8 +134,8 @@ def expert_usage(out: Path, name: str, model: Path, tasks: str) -> None:
         run(command + ["--plot", str(result.with_suffix(".png"))], out / "logs" / f"usage-{name}.log")
 
 
-def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> str:
+    parser = command_parser(__doc__, prog)
     parser.add_argument("--output", required=True, help="folder for data, models, logs, results and report.md")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
@@ -150,7 +145,7 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--usage-tasks", default=",".join(DEFAULT_TASKS), help="tasks of the expert-usage tables")
     parser.add_argument("--report-only", action="store_true", help="write report.md from OUTPUT/results only")
     parser.add_argument("--reference", default="lora-r16", help="run the per-seed differences are taken to")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not variants or set(variants) - set(VARIANTS):
         parser.error(f"--variants takes names from {','.join(VARIANTS)}, got {args.variants!r}")

@@ -1,4 +1,4 @@
-"""Can a development set that is not a test split see the recipe's Banking77-clustering loss? (issue 22)
+"""Can a development set that is not a test split see the recipe's Banking77-clustering loss?
 
     python -m experiments.dev_signals models/forgetting/runs/route+experts+distill+dev+lr1e-4-s{0,1,2}
 
@@ -12,17 +12,12 @@ out: selecting on it would make Banking77 clustering no longer held out.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from evaluation import data as D
-from evaluation.data import DATA_DIR_HELP, data_dir
 from evaluation.run import Task, evaluate
-from moe_embed_cli import HelpFormatter, run_cli
+from moe_embed import data as D
+from moe_embed.data import DATA_DIR_HELP, data_dir
+from moe_embed.usage import command_parser, parse, run_cli
 from training.dev import DEV_TASKS
 
 CANDIDATES = [
@@ -44,25 +39,25 @@ CANDIDATES = [
 ]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str | None = None) -> None:
     from sentence_transformers import SentenceTransformer
 
-    from convert.checkpoint import bundled_minilm_path
+    from moe_embed.folders import bundled_minilm_path
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser = command_parser(__doc__, prog)
     parser.add_argument("runs", nargs="+", help="trained MoTE folders")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     root = data_dir(args.data_dir)
     names = [task.name for task in CANDIDATES] + ["STS-B dev via clustering"]
     print("| model | " + " | ".join(names) + " |\n|---|" + "---:|" * len(names))
     for path in [bundled_minilm_path(), *args.runs]:
         model = SentenceTransformer(str(path), trust_remote_code=True)
         model.max_seq_length = 64
-        scores = [evaluate(model, task, root) for task in CANDIDATES]
+        scores = [evaluate(model, task, task.load(root)) for task in CANDIDATES]
         if "clustering" in (model.prompts or {}):  # STS-B dev scored through the clustering expert
             model.prompts = {**model.prompts, "classification": model.prompts["clustering"]}
-        scores.append(evaluate(model, DEV_TASKS["stsb-dev"], root))
+        scores.append(evaluate(model, DEV_TASKS["stsb-dev"], DEV_TASKS["stsb-dev"].load(root)))
         label = "untouched" if path == bundled_minilm_path() else Path(path).name
         print(f"| {label} | " + " | ".join(f"{s:.2f}" for s in scores) + " |", flush=True)
 

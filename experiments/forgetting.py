@@ -1,8 +1,8 @@
-"""Train without forgetting (issue 22): which recipe specialises MoTE and stays at or above the untouched model
+"""Train without forgetting: which recipe specialises MoTE and stays at or above the untouched model
 outside its training data.
 
     python -m experiments.forgetting --output models/forgetting --seeds 0,1,2 \\
-        --results docs/experiment-forgetting/results
+        --results experiments/results/forgetting/results
 
 Every run is the recommended recipe, `examples/train_mote.yaml` (its data, steps, learning rate and
 schedule), with the settings that differ between variants replaced: from the bundled all-MiniLM-L6-v2, on
@@ -10,7 +10,7 @@ broad pairs (SQuAD question -> paragraph, SNLI and RTE entailments, COCO caption
 four suite tasks (`IN_DOMAIN`), one epoch, TA-CL, seeds 0-2; every MoTE variant is upcycled from the dense
 model by the training config itself (`arch: mote`):
 
-- `full`: the recipe before issue 22: every weight trains, the instruction prefix is fed;
+- `full`: the first recipe: every weight trains, the instruction prefix is fed;
 - `experts`: only the task experts train (the shared weights stay bit-identical);
 - `experts+distill`: and an embedding-distillation term to the frozen starting model (weight 1);
 - `route+experts+distill`: and the prefix only routes (`prefix_routes_only`): the encoder sees plain text;
@@ -20,7 +20,7 @@ model by the training config itself (`arch: mote`):
   same distillation (instruction conditioning trained the same way as `experts+distill`); `ic+lr1e-4+dev`
   the same trained as the recipe trains MoTE;
 - with `--variants`: `moe`, `moe+recipe`, `comoe`, `comoe+recipe`: the token-routed MoE and CoMoE trained
-  as before issue 22 and as the recipe trains MoTE.
+  as the first recipe and as the recommended one trains MoTE.
 
 The untouched model is scored with and without the prompts. The suite is reported split into in-domain
 tasks (their train split is in the mix) and held-out ones (neither their splits nor their sources are),
@@ -31,23 +31,19 @@ when `--results` points at a committed folder.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 import yaml
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from convert.checkpoint import bundled_minilm_path
-from convert.upcycle import save_dense_with_prompts, upcycle_folder
+from convert.instruction_baseline import save_dense_with_prompts
+from convert.upcycle import UpcycleOptions, upcycle
 from evaluation.run import TASKS
-from experiments.mote_vs_ic import report, run
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
+from experiments.common import moe_embed, report, run
+from moe_embed.folders import bundled_minilm_path
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 logger = logging.getLogger("experiment")
 
@@ -87,7 +83,7 @@ VARIANTS = {
     "ic": {"trainable": "experts", "regularizer": DISTILL},  # on the dense model with MoTE's prompts
     "ic+lr1e-4+dev": RECIPE_TRAINING,  # IC trained as the recipe trains MoTE (the dense model's expert blocks)
     # what transfers to the other expert models: the token-routed MoE and CoMoE (adapters only by
-    # construction), each trained as before issue 22 and as the recipe trains MoTE; prefix-only routing has no
+    # construction), each trained as the first recipe and as the recommended one trains MoTE; prefix-only routing has no
     # counterpart in either: their routers read tokens, so the prompt text stays in the input
     "moe": MOE,
     "moe+recipe": {**MOE, **RECIPE_TRAINING},
@@ -116,7 +112,7 @@ def recipe_base() -> dict:
 def prepare(out: Path) -> None:
     """The dense model with MoTE's prompts (the IC model, and the untouched model scored with prompts)."""
     if not (out / "ic-base" / "config.json").exists():
-        upcycle_folder(out / "mote-prompts", overwrite=True)  # only its prompts are read
+        upcycle(UpcycleOptions(output=out / "mote-prompts", overwrite=True))  # only its prompts are read
         save_dense_with_prompts(out / "mote-prompts", out / "ic-base")
         shutil.rmtree(out / "mote-prompts")
 
@@ -138,7 +134,7 @@ def train(out: Path, variant: str, seed: int, results: Path) -> Path:
     path = out / "configs" / f"{folder.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    run(["-m", "training.train", "--config", str(path)], out / "logs" / f"{folder.name}.log")
+    run(moe_embed("train", "--config", str(path)), out / "logs" / f"{folder.name}.log")
     if (folder / "dev_scores.json").exists():
         shutil.copy2(folder / "dev_scores.json", results / f"{folder.name}.dev.json")
     return folder
@@ -149,7 +145,7 @@ def evaluate(out: Path, results: Path, name: str, model: str, tasks: list[str]) 
     path = results / f"{name}.json"
     if not path.exists():
         run(
-            ["-m", "evaluation.run", model, "--tasks", ",".join(tasks), "--output", str(path), "--trust-remote-code"],
+            moe_embed("evaluate", model, "--tasks", ",".join(tasks), "--output", str(path), "--trust-remote-code"),
             out / "logs" / f"eval-{name}.log",
         )
     return json.loads(path.read_text())
@@ -169,8 +165,8 @@ def split_report(results: dict, tasks: list[str]) -> str:
     return text
 
 
-def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> str:
+    parser = command_parser(__doc__, prog)
     parser.add_argument("--output", required=True, help="folder for data, models, configs and logs")
     parser.add_argument("--results", default=None, help="folder of the score files (default: OUTPUT/results)")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
@@ -181,7 +177,7 @@ def main(argv: list[str] | None = None) -> str:
     )
     parser.add_argument("--tasks", default="all", help="suite tasks (evaluation.run names, or 'all')")
     parser.add_argument("--report-only", action="store_true", help="write the report from existing scores only")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     if args.variants is None:
         args.variants = ",".join(VARIANTS if args.report_only else DEFAULT_VARIANTS)
     variants = [v for v in args.variants.split(",") if v]

@@ -21,17 +21,12 @@ Sizes are capped per dataset (`CAPS`, 4,100 rows in all) so that one epoch takes
 
 from __future__ import annotations
 
-import argparse
 import random
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from evaluation import data as D
-from evaluation.data import DATA_DIR_HELP
-from moe_embed_cli import HelpFormatter, run_cli
+from moe_embed import data as D
+from moe_embed.data import DATA_DIR_HELP
+from moe_embed.usage import command_parser, parse, run_cli
 from training.data_tools import write_rows
 
 CAPS = {
@@ -126,13 +121,13 @@ def write(datasets: dict[str, list[dict]], output: Path, negatives: bool = True)
     return tasks
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
+    parser = command_parser(__doc__, prog)
     parser.add_argument("--output", required=True, help="folder for the JSONL files")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     parser.add_argument("--no-negatives", action="store_true", help="write (anchor, positive) pairs only")
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     datasets = build(D.data_dir(args.data_dir), args.seed)
     tasks = write(datasets, Path(args.output), negatives=not args.no_negatives)
     for name, rows in datasets.items():

@@ -7,25 +7,29 @@ Shared by every model type:
 - `configuration_encoder.py`, `modeling_encoder.py`: the BERT-compatible encoder (config fields,
   embeddings, attention, layer stack, pooler) that each model type builds on, plugging in its own
   layer class where the experts are.
-- `compat.py`: the transformers names that moved between 4.57 and 5.x, resolved once.
+- `defaults.py`: the defaults and task tables a command line shows, readable without importing torch.
+- `compat.py`, `st_compat.py`: what moved between transformers 4.57 and 5.x, sentence-transformers 5 and 6.
+- `manifest.py`: what each folder type holds besides its weights, and the names its files share.
+- `st_folder.py`: the Sentence-Transformers files of a folder.
 
 Model types, each a `configuration_<x>.py` and a `modeling_<x>.py`:
 
-- `mote`: MoTE, one expert per task in the expert layers, chosen per sequence by `task` or the
-  instruction prefix.
-- `moe`: the token-routed sparse MoE encoder (Nomic Embed v2), with load-balancing and z-loss.
-- `comoe`: CoMoE-PEFT, top-k routed LoRA experts on a frozen encoder, with the contrastive expert loss.
+- `mote`: MoTE, one expert per task in the expert layers, chosen per sequence by the task (the routing rule
+  is `modeling_mote.route_rows`).
+- `moe`: the token-routed sparse MoE encoder (Nomic Embed v2); `router_losses.py` holds its
+  load-balancing and z-loss, which CoMoE shares.
+- `comoe`: CoMoE-PEFT, top-k routed LoRA experts on a frozen encoder: the linear and its contrastive loss
+  (`comoe_layer.py`), adapter-only folders (`comoe_adapter.py`), the model (`modeling_comoe.py`).
 
-Other model code:
-
-- `aea.py`: AEA, training-free expert allocation for sentence embeddings from a trained top-k MoE
-  model (transformers' OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral and others, and this package's `moe`).
+AEA, training-free expert allocation for sentence embeddings from a trained top-k MoE model (transformers'
+OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral and others, and this package's `moe`): `aea_allocation.py` (the rules),
+`aea_layers.py` (the MoE layers of a model), `aea_controller.py` (the hooks that run it),
+`aea_homogeneity.py` (calibration), `aea_pooling.py` (sentence embeddings).
 
 Sentence-Transformers input modules (saved at a folder's root and named in `modules.json`):
 
-- `st_mote.py`: `MoteTransformer`, turning `task`, prompt or raw prefix into expert ids.
-- `st_moe.py`: `MoeTransformer`, for `moe` and `comoe`: keeps the model's `aux_loss` in the features
-  (for `training.losses.WithAuxLoss`) and loads CoMoE adapter-only folders.
+- `st_mote.py`: `MoteTransformer`, turning the call's task, the prompt or a text's prefix into expert ids.
+- `st_moe.py`: `MoeTransformer`, keeping the model's `aux_loss` in the features (for
+  `training.losses.WithAuxLoss`); `st_comoe.py`: `CoMoeTransformer`, which also loads adapter-only folders.
 - `st_aea.py`: `AeaTransformer`, the module of AEA folders, running the allocation and pooling the exit layer.
-- `st_compat.py`: what those modules need to run on sentence-transformers 5.x as on 6.x.
 """

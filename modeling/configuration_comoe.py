@@ -6,6 +6,7 @@ Representation for Mixture-of-Experts in Parameter-Efficient Fine-tuning")."""
 # so every sibling this file needs, directly or not, is imported here by name.
 from .compat import DATACLASS_CONFIGS  # noqa: F401
 from .configuration_encoder import EncoderConfig, check_top_k, resolve_layer_indices
+from .defaults import COMOE
 
 # The linears of a BERT layer that can carry LoRA experts, by their name inside the layer, in the
 # order a forward pass calls them.
@@ -17,7 +18,7 @@ ADAPTABLE_LINEARS = (
     "intermediate.dense",
     "output.dense",
 )
-DEFAULT_TARGET_MODULES = ("query", "key", "value", "attention.output.dense")
+DEFAULT_TARGET_MODULES = tuple(COMOE.target_modules.split(","))
 
 
 def resolve_target_modules(spec) -> list[str]:
@@ -79,17 +80,17 @@ class CoMoeBertConfig(EncoderConfig):
 
     model_type = "comoe_bert"
 
-    num_local_experts: int = 4
-    num_experts_per_tok: int = 2
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    lora_dropout: float = 0.05
-    target_modules: list[str] | str = ",".join(DEFAULT_TARGET_MODULES)
-    adapter_layers: list[int] | str = "all"
-    contrastive_loss_coef: float = 0.01
-    contrastive_tau: float = 0.07
-    contrastive_eps: float = 1e-3
-    router_aux_loss_coef: float = 0.0
+    num_local_experts: int = COMOE.num_local_experts
+    num_experts_per_tok: int = COMOE.num_experts_per_tok
+    lora_rank: int = COMOE.lora_rank
+    lora_alpha: float = COMOE.lora_alpha
+    lora_dropout: float = COMOE.lora_dropout
+    target_modules: list[str] | str = COMOE.target_modules
+    adapter_layers: list[int] | str = COMOE.adapter_layers
+    contrastive_loss_coef: float = COMOE.contrastive_loss_coef
+    contrastive_tau: float = COMOE.contrastive_tau
+    contrastive_eps: float = COMOE.contrastive_eps
+    router_aux_loss_coef: float = COMOE.router_aux_loss_coef
     output_router_logits: bool = False
     base_model_name_or_path: str | None = None
 

@@ -4,6 +4,7 @@
 # so every sibling this file needs, directly or not, is imported here by name.
 from .compat import DATACLASS_CONFIGS  # noqa: F401
 from .configuration_encoder import EncoderConfig, check_top_k, resolve_layer_indices
+from .defaults import MOE
 
 
 class MoeBertConfig(EncoderConfig):
@@ -31,13 +32,13 @@ class MoeBertConfig(EncoderConfig):
 
     model_type = "moe_bert"
 
-    num_local_experts: int = 8
-    num_experts_per_tok: int = 2
-    norm_topk_prob: bool = False
-    moe_layers: list[int] | str = "every_other"
-    router_aux_loss_coef: float = 1.0
-    router_z_loss_coef: float = 0.0
-    router_jitter_noise: float = 0.0
+    num_local_experts: int = MOE.num_local_experts
+    num_experts_per_tok: int = MOE.num_experts_per_tok
+    norm_topk_prob: bool = MOE.norm_topk_prob
+    moe_layers: list[int] | str = MOE.moe_layers
+    router_aux_loss_coef: float = MOE.router_aux_loss_coef
+    router_z_loss_coef: float = MOE.router_z_loss_coef
+    router_jitter_noise: float = MOE.router_jitter_noise
     output_router_logits: bool = False
 
     def __post_init__(self, **kwargs):

@@ -4,28 +4,11 @@
 # so every sibling this file needs, directly or not, is imported here by name.
 from .compat import DATACLASS_CONFIGS  # noqa: F401
 from .configuration_encoder import EncoderConfig, resolve_layer_indices
+from .defaults import DEFAULT_TASK_PREFIXES, TASK_NAME_ALIASES, TASK_TYPE_EXPERTS
 
-DEFAULT_TASK_PREFIXES = {
-    "query": "search_query: ",
-    "document": "search_document: ",
-    "classification": "classification: ",
-    "clustering": "clustering: ",
-}
-
-# Task types without an expert of their own, mapped as in the MoTE paper (section 5.3): STS, pair
-# classification and summarization use the classification expert; reranking is encoded as
-# queries and documents. `passage`/`corpus` are the names sentence-transformers uses for documents.
-DEFAULT_TASK_ALIASES = {
-    "passage": "document",
-    "corpus": "document",
-    "search_query": "query",
-    "search_document": "document",
-    "sts": "classification",
-    "pair_classification": "classification",
-    "summarization": "classification",
-    "reranking_query": "query",
-    "reranking_document": "document",
-}
+# Other names accepted for the default tasks: sentence-transformers' names for documents, each prefix's own
+# words, and every task type, mapped to the task whose expert serves it (`TASK_TYPE_EXPERTS`).
+DEFAULT_TASK_ALIASES = {**TASK_NAME_ALIASES, **TASK_TYPE_EXPERTS}
 
 
 class MoteBertConfig(EncoderConfig):
@@ -100,6 +83,11 @@ class MoteBertConfig(EncoderConfig):
         """Number of task experts per expert layer."""
         return len(self.tasks)
 
+    @property
+    def default_task_index(self) -> int:
+        """Index of the default task's expert; -1 where inputs that name no task are an error."""
+        return self.tasks.index(self.default_task) if self.default_task is not None else -1
+
     def task_index(self, name: str) -> int:
         """Index of the expert serving task `name` (a task name or an alias).
 
@@ -112,6 +100,18 @@ class MoteBertConfig(EncoderConfig):
             return self.tasks.index(self.task_aliases[name])
         raise ValueError(f"Unknown task {name!r}. {self.describe_tasks()}")
 
+    def task_of_prefix(self, prompt: str) -> str | None:
+        """The task whose instruction prefix is exactly `prompt`, else `None`."""
+        return next((task for task, prefix in self.task_prefixes.items() if prefix == prompt), None)
+
+    def split_task_prefix(self, text: str) -> tuple[str | None, str]:
+        """`(task, rest)` for a text that starts with a task's instruction prefix (the longest that matches, as
+        `detect_task_ids` matches token ids), else `(None, text)`."""
+        for task, prefix in sorted(self.task_prefixes.items(), key=lambda item: -len(item[1])):
+            if text.startswith(prefix):
+                return task, text[len(prefix) :]
+        return None, text
+
     def describe_tasks(self) -> str:
         """One line listing the valid task names, prefixes and aliases, for error messages."""
         tasks = ", ".join(f"{t!r} (prefix {self.task_prefixes[t]!r})" for t in self.tasks)
@@ -119,4 +119,4 @@ class MoteBertConfig(EncoderConfig):
         return f"Valid tasks: {tasks}" + (f"; aliases: {aliases}" if aliases else "")
 
 
-__all__ = ["MoteBertConfig", "DEFAULT_TASK_PREFIXES", "DEFAULT_TASK_ALIASES"]
+__all__ = ["MoteBertConfig", "DEFAULT_TASK_ALIASES"]

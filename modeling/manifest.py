@@ -25,29 +25,38 @@ TOKENIZER_FILES = (
 
 # Hub metadata of every folder this package writes, then the tags of each model type
 HUB_TAGS = ("sentence-transformers", "feature-extraction", "moe-embed")
-MODEL_TYPE_TAGS = {
-    "mote_bert": ("mixture-of-experts", "mote"),
-    "moe_bert": ("mixture-of-experts", "moe"),
-    "comoe_bert": ("mixture-of-experts", "comoe", "lora", "peft"),
-    "aea": ("mixture-of-experts", "aea"),
-    "dense": ("mote", "expert-averaging"),  # folders merged back into a plain encoder
+FAMILY_TAGS = {"mote_bert": ("mote",), "moe_bert": ("moe",), "comoe_bert": ("comoe", "lora", "peft"), "aea": ("aea",)}
+MODEL_TYPE_TAGS = {model_type: ("mixture-of-experts", *tags) for model_type, tags in FAMILY_TAGS.items()}
+# tags of a folder merged back into a plain encoder, by how it was merged
+MERGE_TAGS = {
+    "average": ("expert-averaging",),  # Expert Averaging of MoTE or token-MoE experts
+    "task": ("task-expert",),  # one MoTE task's experts, unchanged
+    "lora": ("merged-lora",),  # CoMoE's LoRA experts folded into the base weights
 }
 
 # the Sentence-Transformers input module of each folder type ("file.Class", the file at the folder root)
 ST_MODULES = {
     "mote_bert": "st_mote.MoteTransformer",
     "moe_bert": "st_moe.MoeTransformer",
-    "comoe_bert": "st_moe.MoeTransformer",
+    "comoe_bert": "st_comoe.CoMoeTransformer",
     "aea": "st_aea.AeaTransformer",
 }
 
 # files of modeling/ a folder of each type receives beside what `save_pretrained` copies (the model
 # code and every sibling it imports): its Sentence-Transformers module and what that module imports
 FOLDER_FILES = {
-    "mote_bert": ("st_mote.py", "st_compat.py", "manifest.py"),
-    "moe_bert": ("st_moe.py", "st_compat.py", "manifest.py"),
-    "comoe_bert": ("st_moe.py", "st_compat.py", "manifest.py"),
-    "aea": ("aea.py", "st_aea.py", "st_compat.py", "manifest.py"),
+    "mote_bert": ("st_mote.py", "st_compat.py"),
+    "moe_bert": ("st_moe.py", "st_compat.py"),
+    "comoe_bert": ("st_comoe.py", "st_moe.py", "st_compat.py"),
+    "aea": (
+        "st_aea.py",
+        "st_compat.py",
+        "aea_allocation.py",
+        "aea_controller.py",
+        "aea_layers.py",
+        "aea_pooling.py",
+        "defaults.py",
+    ),
 }
 
 __all__ = [
@@ -57,7 +66,9 @@ __all__ = [
     "LIBRARY_NAME",
     "TOKENIZER_FILES",
     "HUB_TAGS",
+    "FAMILY_TAGS",
     "MODEL_TYPE_TAGS",
     "ST_MODULES",
     "FOLDER_FILES",
+    "MERGE_TAGS",
 ]

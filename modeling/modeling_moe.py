@@ -10,8 +10,8 @@ loop in `MoeBertExperts.forward`, correct on any torch. When the caller names no
 fastest one measured for the device of its inputs (`FASTEST_EXPERTS`): `model.get_experts_implementation()`
 shows the one in use, and a debug-level log line says when it is chosen.
 
-The model returns the Switch-style load-balancing loss (and optionally the router z-loss) as
-`aux_loss`; add it to the training loss (see `training/losses.py`).
+The model returns the Switch-style load-balancing loss (and optionally the router z-loss, both in
+`router_losses.py`) as `aux_loss`; add it to the training loss (see `training/losses.py`).
 """
 
 import logging
@@ -25,13 +25,15 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from .compat import OutputRecorder, init, is_exporting, use_experts_implementation
 from .configuration_encoder import EncoderConfig  # noqa: F401 (transformers 4.x: see modeling_mote.py)
 from .configuration_moe import MoeBertConfig
+from .defaults import MOE  # noqa: F401
 from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention
+from .router_losses import load_balancing_loss, router_z_loss
 
 logger = logging.getLogger(__name__)
 
-# The experts implementation a model runs when the caller names none, per device type. CPU: the eager loop,
-# 3-20% faster than `grouped_mm` at every batch and length of `benchmarks/bench_moe.py` (docs/benchmarks.md);
-# elsewhere transformers' own default, `grouped_mm` (not measured here: no GPU run has been recorded).
+# The experts implementation a model runs when the caller names none, per device type: on CPU the eager loop,
+# the fastest at every batch and length of `benchmarks/bench_moe.py` (docs/benchmarks.md); elsewhere
+# transformers' own default, `grouped_mm`.
 FASTEST_EXPERTS = {"cpu": "eager"}
 DEFAULT_EXPERTS = "grouped_mm"
 
@@ -57,29 +59,6 @@ class MoeRouting:
     """Flat indices of the non-padding tokens of a batch (`None`: no padding)."""
 
     token_index: torch.LongTensor | None
-
-
-def load_balancing_loss(router_logits: torch.Tensor, num_experts_per_tok: int) -> torch.Tensor:
-    """Switch-Transformer load-balancing loss `E · Σ_i f_i · P_i` of one layer (Fedus et al., 2022).
-
-    `f_i` is the fraction of the `tokens × k` routing slots assigned to expert `i` (no gradient),
-    `P_i` the mean router probability of expert `i`. Equals 1 for perfectly uniform routing.
-    `router_logits` is `(num_tokens, num_experts)` over non-padding tokens only.
-    """
-    num_experts = router_logits.shape[-1]
-    if router_logits.shape[0] == 0:  # nothing routed (all padding): no imbalance
-        return router_logits.sum() * 0.0
-    probs = torch.softmax(router_logits.float(), dim=-1)
-    chosen = torch.topk(probs, num_experts_per_tok, dim=-1).indices.reshape(-1)
-    fraction = torch.bincount(chosen, minlength=num_experts).float() / chosen.numel()
-    return num_experts * (fraction * probs.mean(dim=0)).sum()
-
-
-def router_z_loss(router_logits: torch.Tensor) -> torch.Tensor:
-    """ST-MoE router z-loss: mean squared log-partition of the router logits (Zoph et al., 2022)."""
-    if router_logits.shape[0] == 0:
-        return router_logits.sum() * 0.0
-    return torch.logsumexp(router_logits.float(), dim=-1).square().mean()
 
 
 class MoeBertRouter(nn.Module):
@@ -351,6 +330,4 @@ __all__ = [
     "MoeBertExperts",
     "MoeBertRouter",
     "MoeBertModelOutput",
-    "load_balancing_loss",
-    "router_z_loss",
 ]

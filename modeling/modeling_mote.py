@@ -24,6 +24,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from .compat import is_exporting
 from .configuration_encoder import EncoderConfig  # noqa: F401
 from .configuration_mote import MoteBertConfig
+from .defaults import DEFAULT_TASK  # noqa: F401
 from .modeling_encoder import EncoderIntermediate, EncoderLayer, EncoderOutput, EncoderPreTrainedModel
 
 
@@ -118,6 +119,18 @@ def detect_task_ids(input_ids: torch.Tensor, config: MoteBertConfig) -> torch.Lo
     return task_ids
 
 
+def route_rows(*candidates: torch.Tensor, default: int = -1) -> torch.LongTensor:
+    """MoTE's routing rule, the one copy: per row, the first candidate that names an expert (>= 0), else
+    `default` (-1: none). Candidates come in order of precedence, explicit choices before the instruction
+    prefix found in the row: the model passes `task_ids` and the prefix of `input_ids`, the
+    Sentence-Transformers module the call's task, the prompt's and the text's own prefix, the ONNX graph's
+    input step `task_ids` and the prefix. Tensor ops only, so a traced graph holds it."""
+    ids = candidates[-1]
+    for candidate in reversed(candidates[:-1]):
+        ids = torch.where(candidate >= 0, candidate, ids)
+    return ids.masked_fill(ids < 0, default) if default >= 0 else ids
+
+
 def resolve_task_ids(
     config: MoteBertConfig, batch_size: int, device, task=None, task_ids=None, input_ids=None
 ) -> torch.LongTensor:
@@ -148,19 +161,17 @@ def resolve_task_ids(
             )
     else:
         ids = torch.full((batch_size,), -1, dtype=torch.long, device=device)
-    if input_ids is not None:
-        ids = graph_task_ids(config, input_ids, ids)
+    found = detect_task_ids(input_ids, config) if input_ids is not None else torch.full_like(ids, -1)
+    ids = route_rows(ids, found.to(ids.device), default=config.default_task_index)
     unresolved = ids < 0
     if bool(unresolved.any()):
-        if config.default_task is None:
-            rows = unresolved.nonzero().flatten().tolist()
-            raise ValueError(
-                f"Cannot tell the task of {len(rows)} of {batch_size} rows (rows {rows[:10]}"
-                f"{'...' if len(rows) > 10 else ''} of this batch): pass `task=` "
-                f"(one name or one per row), `task_ids=`, or start the text with a task prefix. "
-                f"{config.describe_tasks()}"
-            )
-        ids = ids.masked_fill(unresolved, config.tasks.index(config.default_task))
+        rows = unresolved.nonzero().flatten().tolist()
+        raise ValueError(
+            f"Cannot tell the task of {len(rows)} of {batch_size} rows (rows {rows[:10]}"
+            f"{'...' if len(rows) > 10 else ''} of this batch): pass `task=` "
+            f"(one name or one per row), `task_ids=`, or start the text with a task prefix. "
+            f"{config.describe_tasks()}"
+        )
     return ids
 
 
@@ -169,13 +180,11 @@ def graph_task_ids(config: MoteBertConfig, input_ids: torch.Tensor, task_ids=Non
     `task_ids`) is routed by its prefix, then `config.default_task`; -1 where none of these resolve it.
     The part of `resolve_task_ids` a traced graph can run: it cannot raise, so the forward pass gives the
     rows left unrouted (or with an id out of range) NaN outputs there."""
-    ids = detect_task_ids(input_ids, config)
-    if config.default_task is not None:
-        ids = ids.masked_fill(ids < 0, config.tasks.index(config.default_task))
-    if task_ids is not None:
-        given = torch.as_tensor(task_ids, dtype=torch.long, device=ids.device).reshape(-1).expand_as(ids)
-        ids = torch.where(given >= 0, given, ids)
-    return ids
+    found = detect_task_ids(input_ids, config)
+    if task_ids is None:
+        return route_rows(found, default=config.default_task_index)
+    given = torch.as_tensor(task_ids, dtype=torch.long, device=found.device).reshape(-1).expand_as(found)
+    return route_rows(given, found, default=config.default_task_index)
 
 
 class MoteBertPreTrainedModel(EncoderPreTrainedModel):

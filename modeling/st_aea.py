@@ -1,7 +1,7 @@
 """Sentence-Transformers input module of AEA folders (written by `convert/calibrate_aea.py`).
 
 sentence-transformers' `Transformer` (tokenizer, model loading, devices) whose forward runs the model
-with AEA's expert allocation (`aea.py`, beside this file) and pools the exit layer's hidden states
+with AEA's expert allocation (`aea_controller.py`, beside this file) and pools the exit layer's hidden states
 into the sentence embedding itself: the folder's only module. The allocation, prompt template,
 pooling and embedding kind are read from `aea_config.json`. Saved at the root of the model folder and
 named in `modules.json` as `st_aea.AeaTransformer`, so it needs `trust_remote_code=True`.
@@ -12,8 +12,13 @@ import threading
 
 from transformers.utils import cached_file
 
-from .aea import AdaptiveExpertAllocation, sentence_embedding
-from .st_compat import Transformer
+# transformers 4.x copies only the direct relative imports of a module file into its module cache, so every
+# sibling this file needs, directly or not, is imported here by name.
+from .aea_allocation import allocate_tokens  # noqa: F401
+from .aea_controller import AdaptiveExpertAllocation
+from .aea_layers import find_moe_layers  # noqa: F401
+from .aea_pooling import sentence_embedding
+from .st_compat import Transformer, tokenize_texts
 
 AEA_CONFIG_NAME = "aea_config.json"
 
@@ -58,10 +63,14 @@ class AeaTransformer(Transformer):
         self._lock = threading.Lock()
 
     def preprocess(self, inputs, prompt: str | None = None, **kwargs) -> dict:
-        """Put each text into the prompt template, then tokenize as `Transformer` does."""
+        """Put each text (after its prompt, if any) into the prompt template, then tokenize as `Transformer` does."""
         template = self.aea_config["prompt_template"]
-        texts = [template.replace("[TEXT]", text) if isinstance(text, str) else text for text in inputs]
-        return super().preprocess(texts, prompt=prompt, **kwargs)
+        texts = [template.replace("[TEXT]", (prompt or "") + t) if isinstance(t, str) else t for t in inputs]
+        return tokenize_texts(self, texts, **kwargs)
+
+    def tokenize(self, texts, padding: str | bool = True, **kwargs) -> dict:
+        """`preprocess` for texts that already start with their prompt: what sentence-transformers 5.x sends."""
+        return self.preprocess(texts, padding=padding, **kwargs)
 
     def forward(self, features: dict, **kwargs) -> dict:
         input_ids, attention_mask = features["input_ids"], features["attention_mask"]

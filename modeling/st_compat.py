@@ -4,6 +4,9 @@ sentence-transformers 6 calls `preprocess(inputs, prompt=..., task=...)` on the 
 module settings that 5.x does not know (`transformer_task`, `modality_config`, `module_output_name`);
 5.x puts the prompt into the texts itself, calls `tokenize(texts, task=...)`, and its `Transformer`
 takes only its own arguments. This file is copied into saved model folders beside the modules.
+
+Every shim that depends on the sentence-transformers version is here; it can go when folders no longer
+need to load on 5.x (see docs/architecture.md, "Versions and shims").
 """
 
 import inspect
@@ -24,9 +27,17 @@ def init_kwargs(kwargs: dict) -> dict:
     return {key: value for key, value in kwargs.items() if key in accepted}
 
 
+def tokenize_texts(module: Transformer, texts: list, **kwargs) -> dict:
+    """`Transformer`'s own tokenization of `texts` as they are (no prompt added): `preprocess` on 6.x,
+    `tokenize` on 5.x (which takes only `padding`)."""
+    if LEGACY:
+        return Transformer.tokenize(module, texts, padding=kwargs.get("padding", True))
+    return Transformer.preprocess(module, texts, **kwargs)
+
+
 def output_name(module: Transformer) -> str:
     """The feature that holds the token embeddings (`module_output_name` on 6.x)."""
     return getattr(module, "module_output_name", "token_embeddings")
 
 
-__all__ = ["LEGACY", "Transformer", "init_kwargs", "output_name"]
+__all__ = ["LEGACY", "Transformer", "init_kwargs", "output_name", "tokenize_texts"]

@@ -1,20 +1,15 @@
 """Sentence-Transformers input module for models with an auxiliary training loss: the token-routed
-MoE (load balancing, z-loss) and CoMoE (contrastive expert loss, optional load balancing).
+MoE (load balancing, z-loss) and, through its subclass in `st_comoe.py`, CoMoE (contrastive expert loss,
+optional load balancing).
 
-sentence-transformers' `Transformer` plus two things: the model's auxiliary loss is kept in the
-features as `aux_loss`, so that a training loss can add it (see `training.losses.WithAuxLoss`);
-and a CoMoE adapter-only folder (whose `adapter_config.json` is not one peft can read) loads through
-the model's own `from_pretrained`, which fetches the base model it names. Saved at the root of the
-model folder and named in `modules.json` as `st_moe.MoeTransformer`, so it needs `trust_remote_code=True`.
+sentence-transformers' `Transformer` plus one thing: the model's auxiliary loss is kept in the features
+as `aux_loss`, so that a training loss can add it (see `training.losses.WithAuxLoss`). Saved at the root
+of the model folder and named in `modules.json` as `st_moe.MoeTransformer`, so it needs
+`trust_remote_code=True`.
 """
 
-import json
 import threading
 
-from transformers import AutoConfig
-from transformers.utils import cached_file
-
-from .manifest import ADAPTER_PEFT_TYPE
 from .st_compat import Transformer, init_kwargs, output_name
 
 
@@ -23,29 +18,6 @@ class MoeTransformer(Transformer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **init_kwargs(kwargs))
-
-    def _load_config(self, model_name_or_path: str, *args):
-        """`Transformer._load_config`, except that a CoMoE adapter folder is not taken for a peft one:
-        its `config.json` is the model's config and the model loads its base itself. `args` are
-        `(backend, config_kwargs)` on sentence-transformers 6, `(cache_dir, backend, config_args)` on 5."""
-        config_kwargs = dict(args[-1] or {})
-        if len(args) == 3 and args[0] is not None:
-            config_kwargs.setdefault("cache_dir", args[0])
-        hub_kwargs = {
-            k: config_kwargs[k] for k in ("cache_dir", "token", "revision", "local_files_only") if k in config_kwargs
-        }
-        found = cached_file(
-            model_name_or_path,
-            "adapter_config.json",
-            _raise_exceptions_for_missing_entries=False,
-            _raise_exceptions_for_connection_errors=False,
-            **hub_kwargs,
-        )
-        if found:
-            with open(found, encoding="utf-8") as handle:
-                if json.load(handle).get("peft_type") == ADAPTER_PEFT_TYPE:
-                    return AutoConfig.from_pretrained(model_name_or_path, **config_kwargs), False
-        return super()._load_config(model_name_or_path, *args)
 
     def forward(self, features: dict, **kwargs) -> dict:
         """`Transformer.forward` (its dispatch and keyword filtering unchanged), plus `aux_loss`.

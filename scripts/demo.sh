@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh
 export HF_HUB_OFFLINE=1
-.venv/bin/python convert/upcycle.py --output models/demo/mote-minilm --overwrite  # its own folder: the README's commands write models/mote-minilm
+.venv/bin/moe-embed upcycle --output models/demo/mote-minilm --overwrite  # its own folder: the README's commands write models/mote-minilm
 .venv/bin/python examples/quickstart.py models/demo/mote-minilm

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 # folder -> model family; `mote-resaved` is the MoTE folder saved again by sentence-transformers 6, as
-# training saves its output, then made portable by `convert.checkpoint.write_portable_module_files`
+# training saves its output, then made portable by `modeling.st_folder.write_portable_module_files`
 FOLDERS = {"mote": "mote", "moe": "moe", "comoe": "comoe", "mote-resaved": "mote"}
 TEXTS = ["who was isaac newton?", "Stocks fell sharply on Wall Street today after the announcement."]
 # MoTE and CoMoE are bit-identical; the MoE differs in the last bits because transformers 5 runs its experts
@@ -50,15 +50,14 @@ def cases(folder: Path, family: str) -> dict[str, list]:
 
 
 def make(out: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import torch
     from safetensors.torch import load_file, save_file
 
-    from convert.upcycle import main as upcycle
+    from convert.upcycle import UpcycleOptions, upcycle
 
-    upcycle(["--output", str(out / "mote")])
-    upcycle(["--arch", "moe", "--expert-noise", "0.02", "--output", str(out / "moe")])
-    upcycle(["--arch", "comoe", "--output", str(out / "comoe")])
+    upcycle(UpcycleOptions(output=out / "mote"))
+    upcycle(UpcycleOptions(output=out / "moe", arch="moe", expert_noise=0.02))
+    upcycle(UpcycleOptions(output=out / "comoe", arch="comoe"))
     generator = torch.Generator().manual_seed(0)
     for family in ("mote", "comoe"):  # make the experts differ, as training would, in the converter's folder
         path = out / family / "model.safetensors"
@@ -69,7 +68,7 @@ def make(out: Path) -> None:
         save_file(state, str(path), metadata={"format": "pt"})
     from sentence_transformers import SentenceTransformer
 
-    from convert.checkpoint import write_portable_module_files
+    from modeling.st_folder import write_portable_module_files
 
     SentenceTransformer(str(out / "mote"), trust_remote_code=True).save(str(out / "mote-resaved"))
     write_portable_module_files(out / "mote-resaved")

@@ -49,8 +49,8 @@ FIXTURE_DATA = REPO / "tests" / "data"
 def shared_data_dir() -> Path | None:
     """The real evaluation data, where `evaluation.data.data_dir(None)` finds it (`$MOE_EMBED_DATA`, else
     `../shared/data` beside the repository); None where it is absent (a fresh clone)."""
-    from evaluation.data import data_dir
-    from moe_embed_cli import UsageError
+    from moe_embed.data import data_dir
+    from moe_embed.usage import UsageError
 
     try:
         return data_dir(None)
@@ -95,32 +95,27 @@ def dense_path() -> str:
 @pytest.fixture(scope="session")
 def mote_dir(tmp_path_factory, dense_path) -> str:
     """The bundled MiniLM upcycled to MoTE with the converter's defaults (4 tasks, EOB)."""
-    from convert.upcycle import main
+    from convert.upcycle import UpcycleOptions, upcycle
 
-    out = tmp_path_factory.mktemp("models") / "mote-minilm"
-    main(["--output", str(out)])
-    return str(out)
+    return str(upcycle(UpcycleOptions(output=tmp_path_factory.mktemp("models") / "mote-minilm")))
 
 
 @pytest.fixture(scope="session")
 def moe_dir(tmp_path_factory, dense_path) -> str:
     """The bundled MiniLM upcycled to a token-routed MoE (8 experts, top-2, every other layer),
     with renormalised top-k weights so that it computes the dense model's function."""
-    from convert.upcycle import main
+    from convert.upcycle import UpcycleOptions, upcycle
 
     out = tmp_path_factory.mktemp("models") / "moe-minilm"
-    main(["--arch", "moe", "--norm-topk-prob", "--output", str(out)])
-    return str(out)
+    return str(upcycle(UpcycleOptions(output=out, arch="moe", norm_topk_prob=True)))
 
 
 @pytest.fixture(scope="session")
 def comoe_dir(tmp_path_factory, dense_path) -> str:
     """The bundled MiniLM upcycled to CoMoE with the paper's settings (4 experts, top-2, r 16, q/k/v/o)."""
-    from convert.upcycle import main
+    from convert.upcycle import UpcycleOptions, upcycle
 
-    out = tmp_path_factory.mktemp("models") / "comoe-minilm"
-    main(["--arch", "comoe", "--output", str(out)])
-    return str(out)
+    return str(upcycle(UpcycleOptions(output=tmp_path_factory.mktemp("models") / "comoe-minilm", arch="comoe")))
 
 
 @pytest.fixture(scope="session")
@@ -131,41 +126,41 @@ def trained_mote(mote_dir, tmp_path_factory) -> Path:
     return folder
 
 
-def export_onnx_folder(tmp_path_factory, folder, *args: str) -> Path:
-    from convert.export_onnx import main
+def export_onnx_folder(tmp_path_factory, folder, **options) -> Path:
+    from convert.export_onnx import ExportOptions, export_onnx
 
     out = tmp_path_factory.mktemp("onnx") / f"{Path(folder).name}-onnx"
-    assert main([str(folder), "--output", str(out), *args]) == out
+    assert export_onnx(ExportOptions(model_dir=folder, output=out, **options)) == out
     return out
 
 
 # int8 agreement depends on the CPU's integer kernels (VNNI or not), so the fixtures accept 0.9 and the tests
 # check the agreement each folder records against one measured independently on the same machine
-INT8 = ("--quantize", "int8", "--int8-min-cosine", "0.9")
+INT8 = {"quantize": "int8", "int8_min_cosine": 0.9}
 
 
 @pytest.fixture(scope="session")
 def mote_onnx(trained_mote, tmp_path_factory) -> Path:
     """The routed MoTE export with its int8 graph: the folder serving clients load. Its experts are randomly
     perturbed, which int8 keeps less well (min cosine 0.963 here) than trained ones (0.981, fully trained)."""
-    return export_onnx_folder(tmp_path_factory, trained_mote, *INT8)
+    return export_onnx_folder(tmp_path_factory, trained_mote, **INT8)
 
 
 @pytest.fixture(scope="session")
 def moe_onnx(moe_dir, tmp_path_factory) -> Path:
-    return export_onnx_folder(tmp_path_factory, moe_dir, *INT8, "--opset", "18")
+    return export_onnx_folder(tmp_path_factory, moe_dir, **INT8, opset=18)
 
 
 @pytest.fixture(scope="session")
 def comoe_onnx(comoe_dir, tmp_path_factory) -> Path:
-    return export_onnx_folder(tmp_path_factory, comoe_dir, *INT8)
+    return export_onnx_folder(tmp_path_factory, comoe_dir, **INT8)
 
 
 def client_feed(folder: Path, texts: list[str]) -> dict:
     """What a client feeds an exported folder's graph: `tokenizer.json` alone, int64 arrays."""
     from tokenizers import Tokenizer
 
-    from convert.export_onnx import graph_inputs
+    from convert.onnx_graph import graph_inputs
 
     tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
     return {name: value.numpy() for name, value in graph_inputs(tokenizer, texts).items()}
@@ -329,7 +324,7 @@ def run_isolated(code: str, *args: str, timeout: int = 300) -> str:
 
 def run_main(main, *args: str, capsys) -> tuple[int, str]:
     """Run a converter's `main` in this process (fast) as its command line would; (exit code, stderr)."""
-    from moe_embed_cli import run_cli
+    from moe_embed.usage import run_cli
 
     try:
         run_cli(main, list(args))

@@ -8,16 +8,12 @@ import pytest
 import torch
 from conftest import AEA_FAMILIES, tiny_family_model
 
-import modeling.aea as aea
-from modeling.aea import (
-    AdaptiveExpertAllocation,
-    allocate_layers,
-    allocate_tokens,
-    attention_strength,
-    find_moe_layers,
-    measure_homogeneity,
-    sentence_embedding,
-)
+import modeling.aea_controller as aea_controller
+from modeling.aea_allocation import allocate_layers, allocate_tokens, attention_strength
+from modeling.aea_controller import AdaptiveExpertAllocation
+from modeling.aea_homogeneity import measure_homogeneity
+from modeling.aea_layers import find_moe_layers, run_model
+from modeling.aea_pooling import sentence_embedding
 
 IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
 
@@ -44,7 +40,7 @@ def layer_output(model, layer_index, ids, mask):
     )
     try:
         with torch.no_grad():
-            aea.run_model(getattr(model, "base_model", model), ids, mask)
+            run_model(getattr(model, "base_model", model), ids, mask)
     finally:
         handle.remove()
     return seen[0]
@@ -70,7 +66,7 @@ def test_original_top_k_for_every_token_is_bit_identical(family, implementation,
     ids, mask = batch()
     mask = torch.ones_like(mask)
     reference = layer_output(model, 3, ids, mask)
-    monkeypatch.setattr(aea, "attention_strength", lambda probs, m: m.float())  # uniform: k_i = k_l
+    monkeypatch.setattr(aea_controller, "attention_strength", lambda probs, m: m.float())  # uniform: k_i = k_l
     out = run_aea(model, ids, mask, token_wise=True, exit_layer=4)
     real = mask.bool()
     assert torch.equal(out.hidden_states[real], reference[real])
@@ -105,7 +101,7 @@ def test_raising_one_tokens_k_changes_that_token_only(family, implementation, mo
         counts[0, 2] = layer_k + 2
         return counts
 
-    monkeypatch.setattr(aea, "allocate_tokens", one_token_gets_more)
+    monkeypatch.setattr(aea_controller, "allocate_tokens", one_token_gets_more)
     out = run_aea(model, ids, mask, token_wise=True, exit_layer=exit_layer)
     difference = (out.hidden_states - reference).abs().amax(dim=-1)
     tolerance = 1e-6 * max(1.0, reference.abs().max().item())  # 1e-6 relative to the hidden states' scale
@@ -133,7 +129,7 @@ def test_each_token_computes_as_a_model_built_with_its_own_k(family, implementat
         counts[0, 2] = 3
         return counts
 
-    monkeypatch.setattr(aea, "allocate_tokens", k_one_but_one_token_three)
+    monkeypatch.setattr(aea_controller, "allocate_tokens", k_one_but_one_token_three)
     out = run_aea(model, ids, mask, token_wise=True, exit_layer=exit_layer).hidden_states
     top1, top3 = (layer_output(built[k], exit_layer - 1, ids, mask) for k in (1, 3))
     tolerance = 1e-6 * max(1.0, top1.abs().max().item(), top3.abs().max().item())  # relative to the scale
@@ -162,7 +158,7 @@ def test_dropped_slots_never_reach_the_experts_and_exited_layers_never_run(famil
         counts[0, 0] = 2
         return counts
 
-    monkeypatch.setattr(aea, "allocate_tokens", one_expert_per_token)
+    monkeypatch.setattr(aea_controller, "allocate_tokens", one_expert_per_token)
     run_aea(model, ids, mask, token_wise=True, exit_layer=moe[0] + 1)
     assert rows == {moe[0]: int(mask.sum()) + 1}  # every real token once, token (0, 0) twice; no padding
     assert ran == list(range(moe[0] + 1))
@@ -198,7 +194,7 @@ def test_attention_strength_hook_matches_eager_probabilities(family, monkeypatch
         seen[len(seen)] = strength
         return m.long() * layer_k  # the original k: the model runs as without AEA
 
-    monkeypatch.setattr(aea, "allocate_tokens", record)
+    monkeypatch.setattr(aea_controller, "allocate_tokens", record)
     run_aea(model, ids, mask, token_wise=True, exit_layer=4)
     moe_layers = [i for i, h in enumerate(find_moe_layers(model)[1]) if h.router is not None]
     assert len(seen) == len(moe_layers)

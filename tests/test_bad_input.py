@@ -1,6 +1,6 @@
-"""Bad input to every tool: one line on stderr, exit code 2, nothing lost (issue 21's list, one test each).
+"""Bad input to every tool: one line on stderr, exit code 2, nothing lost (one test per kind of bad input).
 
-The tools open model folders through one contract (`convert/folders.py`), so each case here would be a
+The tools open model folders through one contract (`moe_embed/folders.py`), so each case here would be a
 traceback, a silent overwrite or a pickle load without it.
 """
 
@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from conftest import FIXTURE_DATA, run_main
 
 from convert.calibrate_aea import main as calibrate_main
@@ -124,7 +125,9 @@ def test_a_mistyped_local_path_is_refused_at_once_with_the_closest_name(mote_dir
     assert "did you mean models/mote-minilm?" in err
 
 
-def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, tmp_path):
+def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, dense_path, tmp_path):
+    """An adapter-only folder of the bundled MiniLM names its base by the Hub id, which survives a move or a
+    push, never by its path inside this virtual environment; offline, the base is named at load time."""
     import torch
     from conftest import randomize_lora_b
     from sentence_transformers import SentenceTransformer
@@ -134,7 +137,16 @@ def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, tmp_path)
     randomize_lora_b(model)
     model.save_pretrained(tmp_path / "adapter", adapter_only=True)
     assert not (tmp_path / "adapter" / "model.safetensors").exists()
-    adapter = SentenceTransformer(str(tmp_path / "adapter"), trust_remote_code=True, device="cpu")
+    settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert settings["base_model_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
+    with pytest.raises(ValueError, match=r"cannot find the base model .*base_model_name_or_path=FOLDER"):
+        AutoModel.from_pretrained(str(tmp_path / "adapter"), trust_remote_code=True)  # offline: no Hub
+    adapter = SentenceTransformer(
+        str(tmp_path / "adapter"),
+        trust_remote_code=True,
+        device="cpu",
+        model_kwargs={"base_model_name_or_path": dense_path},
+    )
     reference = SentenceTransformer(comoe_dir, trust_remote_code=True, device="cpu")
     reference[0].auto_model.load_state_dict(model.state_dict())
     texts = ["who was isaac newton?", "a short text"]

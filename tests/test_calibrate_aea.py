@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import TEXTS, run_isolated, run_main, tiny_family_model
 
-from convert.calibrate_aea import PROMPT_EOL, embed
+from convert.aea_calibration import PROMPT_EOL, embed
 from convert.calibrate_aea import main as calibrate_main
 from convert.upcycle import main as upcycle_main
-from modeling.aea import AdaptiveExpertAllocation
+from modeling.aea_controller import AdaptiveExpertAllocation
 
 CALIBRATION = [
     "A man is playing a guitar.",
@@ -158,7 +158,7 @@ def test_search_picks_alpha_and_exit_layer_on_dev_pairs(olmoe_dir, tmp_path, cap
         (["--exit-layer", "5"], "--exit-layer must lie in 1..4"),
         (["--exit-layer", "0"], "--exit-layer must lie in 1..4"),
         (["--prompt", "no placeholder"], "[TEXT]"),
-        (["--embedding", "concat"], "--embedding must be one of"),
+        (["--embedding", "concat"], "invalid choice: 'concat'"),
     ],
 )
 def test_bad_settings_exit_2_and_write_nothing(olmoe_dir, calibration_file, tmp_path, capsys, arguments, message):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from moe_embed_cli import UsageError, run_cli
+from moe_embed.usage import UsageError, run_cli
 
 
 def _main_raising(error):

@@ -53,7 +53,7 @@ def test_own_imports_raise_no_deprecation_warning():
     code = (
         "import convert.export_onnx, convert.upcycle, evaluation.run, training.train\n"
         "import modeling.st_mote, modeling.st_moe, modeling.st_aea, modeling.st_compat\n"
-        "from convert.export_onnx import st_head\n"
+        "from convert.onnx_graph import st_head\n"
     )
     result = subprocess.run(
         [sys.executable, "-W", "error::DeprecationWarning", "-c", code],

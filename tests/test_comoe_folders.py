@@ -2,6 +2,7 @@
 folder loads its base and gives the full folder's outputs, and a wrong base is a clear error."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -37,13 +38,17 @@ print(json.dumps(result))
 
 @pytest.fixture(scope="module")
 def trained_folders(comoe_dir, dense_path, tmp_path_factory):
-    """A CoMoE folder whose experts differ (as after training), saved in full and adapter-only."""
+    """A CoMoE folder whose experts differ (as after training), saved in full and adapter-only; the adapter
+    names a local copy of the dense model beside it as its base (the bundled one it would name by Hub id)."""
+    import shutil
+
     root = tmp_path_factory.mktemp("comoe")
     st = SentenceTransformer(comoe_dir, trust_remote_code=True)
     randomize_lora_b(st[0].auto_model, seed=4)
     full = root / "full"
     st.save(str(full))
-    extract_main([str(full), "--output", str(root / "adapter"), "--base", dense_path])
+    shutil.copytree(dense_path, root / "dense")
+    extract_main([str(full), "--output", str(root / "adapter"), "--base", str(root / "dense")])
     return full, root / "adapter"
 
 
@@ -70,7 +75,8 @@ def test_upcycled_folder_layout(comoe_dir, dense_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "comoe_bert" and config["auto_map"]["AutoModel"] == "modeling_comoe.CoMoeBertModel"
     assert (config["num_local_experts"], config["num_experts_per_tok"], config["lora_rank"]) == (4, 2, 16)
-    assert config["base_model_name_or_path"] == str(Path(dense_path).resolve())
+    # the bundled MiniLM is named by its Hub id, never by its path inside a virtual environment
+    assert config["base_model_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
     weights = load_file(str(folder / "model.safetensors"))
     dense = load_file(str(Path(dense_path) / "model.safetensors"))
     assert weights["encoder.layer.2.attention.self.key.lora_A"].shape == (4, 16, 384)
@@ -93,11 +99,25 @@ def test_adapter_folder_holds_only_adapters(trained_folders, dense_path):
     assert len(tensors) == 6 * 4 * 3
     assert (adapter / "adapter_model.safetensors").stat().st_size < 6e6
     settings = json.loads((adapter / "adapter_config.json").read_text())
-    assert settings["base_model_name_or_path"] == str(Path(dense_path).resolve())
+    # a local base is named relative to the adapter folder: it survives moving the two together
+    assert settings["base_model_name_or_path"] == os.path.join("..", "dense")
+    assert (adapter / settings["base_model_name_or_path"]).resolve() == (adapter.parent / "dense").resolve()
     assert (settings["r"], settings["lora_alpha"], settings["num_experts"]) == (16, 32.0, 4)
     assert "Adapter-only folder" in (adapter / "README.md").read_text()
     for name in ("modules.json", "st_moe.py", "tokenizer.json", "modeling_comoe.py"):
         assert (adapter / name).exists(), name
+
+
+def test_adapter_and_its_base_moved_together_still_load(trained_folders, tmp_path):
+    """The relative name of a local base survives a move of the tree that holds both (another machine, a copy)."""
+    import shutil
+
+    full, adapter = trained_folders
+    for name in ("adapter", "dense"):
+        shutil.copytree(adapter.parent / name, tmp_path / "moved" / name)
+    moved = CoMoeBertModel.from_pretrained(str(tmp_path / "moved" / "adapter")).state_dict()
+    reference = CoMoeBertModel.from_pretrained(str(full)).state_dict()
+    assert moved.keys() == reference.keys() and all(torch.equal(moved[k], reference[k]) for k in reference)
 
 
 def _tiny_dense_base(folder: Path, hidden: int) -> Path:
@@ -112,9 +132,14 @@ def _tiny_dense_base(folder: Path, hidden: int) -> Path:
 
 
 def _edited_adapter(adapter: Path, target: Path, edit) -> Path:
+    """A copy of the adapter folder in `target`, edited; its base named by the absolute path the original's
+    relative one stands for (the copy no longer sits beside it)."""
     import shutil
 
     shutil.copytree(adapter, target)
+    settings = json.loads((adapter / "adapter_config.json").read_text())
+    settings["base_model_name_or_path"] = str((adapter / settings["base_model_name_or_path"]).resolve())
+    (target / "adapter_config.json").write_text(json.dumps(settings))
     edit(target)
     return target
 

@@ -8,8 +8,8 @@ from conftest import TEXTS, randomize_lora_b, run_main
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer, BertModel
 
-from convert.merge_experts import comoe_routing_weights, merge_comoe
 from convert.merge_experts import main as merge_main
+from convert.merging import comoe_routing_weights
 from convert.upcycle import main as upcycle_main
 from modeling.modeling_comoe import CoMoeBertModel
 
@@ -74,7 +74,7 @@ def test_calibration_weights_are_routing_shares_and_the_merge_folds_them():
     shares = comoe_routing_weights(model, Tokenizer(), texts, batch_size=2)
     assert shares.shape == (8, 4)
     torch.testing.assert_close(shares.sum(dim=1), torch.ones(8, dtype=torch.float64))
-    state = merge_comoe(model, shares)
+    state = model.merged_state_dict(shares)
     assert not any(k.endswith(("lora_A", "lora_B", "router.weight")) for k in state)
     linear = model.get_submodule("encoder.layer.1.attention.self.value")
     row = model.config.adapted_linears().index("encoder.layer.1.attention.self.value")

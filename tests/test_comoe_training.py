@@ -8,7 +8,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from moe_embed_cli import UsageError
+from moe_embed.usage import UsageError
 from training.config import TrainingConfig, from_mapping
 from training.train import main as train_main
 
@@ -56,6 +56,7 @@ def test_comoe_training_changes_only_adapters(tmp_path, dense_path):
 @pytest.mark.slow
 def test_comoe_folder_trains_and_saves_adapter_only(tmp_path, comoe_dir, dense_path):
     from modeling.modeling_comoe import CoMoeBertModel
+    from moe_embed.folders import BUNDLED_MODEL_ID
 
     path = _config(tmp_path, model=comoe_dir, trust_remote_code=True, save_adapter_only=True)
     trained_model = train_main(["--config", str(path)])
@@ -68,7 +69,9 @@ def test_comoe_folder_trains_and_saves_adapter_only(tmp_path, comoe_dir, dense_p
     assert not (out / "model.safetensors").exists()
     tensors = load_file(str(out / "adapter_model.safetensors"))
     assert tensors and all(k.startswith("base_model.model.") and k.endswith(ADAPTER_SUFFIXES) for k in tensors)
-    model = CoMoeBertModel.from_pretrained(str(out))
+    # the adapter names its base by the Hub id (the bundled MiniLM's); offline, the local copy is named here
+    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == BUNDLED_MODEL_ID
+    model = CoMoeBertModel.from_pretrained(str(out), base_model_name_or_path=dense_path)
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, upcycled.get_parameter(n))]
     assert changed and all(n.endswith(ADAPTER_SUFFIXES) for n in changed)
 

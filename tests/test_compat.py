@@ -33,7 +33,7 @@ def test_portable_module_files_load_alike_on_sentence_transformers_6(mote_dir, t
     loads on 6.x with the same embeddings (`scripts/test_old_stack.sh` loads it on 5.1)."""
     from sentence_transformers import SentenceTransformer
 
-    from convert.checkpoint import write_portable_module_files
+    from modeling.st_folder import write_portable_module_files
 
     original = SentenceTransformer(mote_dir, trust_remote_code=True)
     original.save(str(tmp_path / "resaved"))

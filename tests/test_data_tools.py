@@ -7,7 +7,7 @@ import pytest
 import torch
 from sentence_transformers import SentenceTransformer
 
-from moe_embed_cli import run_cli
+from moe_embed.usage import run_cli
 from training.data_tools import consistency_filter, main, mine
 
 PAIRS = [

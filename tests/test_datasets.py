@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import FIXTURE_DATA
 
-from moe_embed_cli import UsageError
+from moe_embed.usage import UsageError
 from training.datasets import load_rows
 
 

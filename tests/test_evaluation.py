@@ -12,7 +12,6 @@ from scipy.stats import spearmanr
 from sentence_transformers import SentenceTransformer
 from sklearn.metrics import average_precision_score
 
-from evaluation import data as D
 from evaluation.metrics import (
     classification_accuracy,
     classification_experiment_accuracies,
@@ -23,7 +22,8 @@ from evaluation.metrics import (
 )
 from evaluation.run import TASKS, evaluate
 from evaluation.run import main as run_main
-from moe_embed_cli import run_cli
+from moe_embed import data as D
+from moe_embed.usage import run_cli
 
 SENTENCES = [
     ("A man is playing a guitar.", "A person plays an instrument.", 4.2),
@@ -95,10 +95,12 @@ def test_sts_and_pair_classification_match_direct_computation(minilm, data_root)
     b = minilm.encode([s[1] for s in SENTENCES], convert_to_tensor=True)
     cosine = (a * b).sum(-1).numpy() / (np.linalg.norm(a.numpy(), axis=1) * np.linalg.norm(b.numpy(), axis=1))
     expected_sts = 100 * spearmanr([s[2] for s in SENTENCES], cosine).statistic
-    assert evaluate(minilm, TASKS["STSBenchmark"], data_root) == pytest.approx(expected_sts, abs=1e-6)
+    assert evaluate(minilm, TASKS["STSBenchmark"], TASKS["STSBenchmark"].load(data_root)) == pytest.approx(
+        expected_sts, abs=1e-6
+    )
     labels = [int(s[2] > 2.5) for s in SENTENCES]
     # all-MiniLM-L6-v2 normalises, so cosine and dot give the same AP; max over functions >= cosine AP
-    pair = evaluate(minilm, TASKS["TwitterURLCorpus"], data_root)
+    pair = evaluate(minilm, TASKS["TwitterURLCorpus"], TASKS["TwitterURLCorpus"].load(data_root))
     assert pair >= 100 * average_precision_score(labels, cosine) - 1e-6
 
 
@@ -112,7 +114,9 @@ def test_retrieval_matches_hand_ndcg(minilm, data_root):
         sims = docs @ minilm.encode(text)
         ranked = [ids[i] for i in np.argsort(-sims)]
         scores.append(ndcg_at_k(ranked, data.relevant[qid], 10))
-    assert evaluate(minilm, TASKS["SciFact"], data_root) == pytest.approx(100 * np.mean(scores), abs=1e-4)
+    assert evaluate(minilm, TASKS["SciFact"], TASKS["SciFact"].load(data_root)) == pytest.approx(
+        100 * np.mean(scores), abs=1e-4
+    )
 
 
 def test_ndcg_hand_example():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from experiments import comoe_vs_lora, prepare_data
-from experiments.mote_vs_ic import report, summary
+from experiments.common import report, summary
 
 
 def _tsv(path, header, rows):
@@ -194,7 +194,7 @@ def test_report_groups_tasks_by_domain():
 
 def test_comoe_experiment_variants_and_rank_matched_parameters(tmp_path):
     """LoRA r = 66 has exactly CoMoE's trainable parameters (per linear 4·16·(384+384) + 4·384 = 66·768)."""
-    from convert.checkpoint import bundled_minilm_path
+    from moe_embed.folders import bundled_minilm_path
 
     base = bundled_minilm_path()
     counts = {v: comoe_vs_lora.trainable_parameters(v, base) for v in ("lora-r16", "lora-r66", "comoe")}

@@ -13,9 +13,9 @@ from conftest import TEXTS, client_feed, read_json, run_isolated, run_main, tiny
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.models import Pooling
 
-from convert.export_onnx import SentenceEmbeddingGraph, export_graph
 from convert.export_onnx import main as export_main
 from convert.graph_prompts import PromptInputs
+from convert.onnx_graph import SentenceEmbeddingGraph, export_graph
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # over the 256 tokens of max_seq_length
 

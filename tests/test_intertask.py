@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from conftest import save_trained_copy
 
-from convert.upcycle import save_dense_with_prompts
+from convert.instruction_baseline import save_dense_with_prompts
 from evaluation.intertask import TASKS, main, pair_similarities, welch_less
-from moe_embed_cli import run_cli
+from moe_embed.usage import run_cli
 
 TEXTS = [
     "The cat sat on the mat.",

@@ -98,6 +98,25 @@ def test_task_export_equals_mote_routed_to_that_task_without_remote_code(mote_di
     assert (torch.tensor(result["default"]) - other).abs().max() > 1e-3
 
 
+def test_task_export_keeps_only_its_task_prompts_and_is_tagged_as_one_task(mote_dir, tmp_path, capsys):
+    """A one-task export offers only the prompts of its task: another task's prompt would run these experts with
+    that task's prefix, in silence. Its card says what it is (`task-expert`), not Expert Averaging."""
+    from huggingface_hub import ModelCard
+
+    code, err = merge(capsys, mote_dir, "--task", "document", "--output", str(tmp_path / "document"))
+    assert code == 0, err
+    settings = read_json(tmp_path / "document" / "config_sentence_transformers.json")
+    assert settings["prompts"] == {"document": "search_document: ", "passage": "search_document: "}
+    assert settings["default_prompt_name"] == "document"
+    tags = ModelCard.load(tmp_path / "document" / "README.md").data.tags
+    assert "task-expert" in tags and "expert-averaging" not in tags and "mote" in tags
+    code, err = merge(capsys, mote_dir, "--output", str(tmp_path / "ea"))
+    assert code == 0, err
+    tags = ModelCard.load(tmp_path / "ea" / "README.md").data.tags
+    assert "expert-averaging" in tags and "task-expert" not in tags
+    assert len(read_json(tmp_path / "ea" / "config_sentence_transformers.json")["prompts"]) == 5  # every prompt
+
+
 @pytest.mark.slow
 def test_moe_expert_averaging(moe_dir, dense_path, tmp_path, capsys):
     out = tmp_path / "moe-ea"

@@ -8,7 +8,8 @@ import torch
 from conftest import TEXTS, randomize_experts, run_isolated, tiny_moe_config
 from sentence_transformers import SentenceTransformer
 
-from modeling.modeling_moe import MoeBertModel, MoeBertSparseBlock, load_balancing_loss, router_z_loss
+from modeling.modeling_moe import MoeBertModel, MoeBertSparseBlock
+from modeling.router_losses import load_balancing_loss, router_z_loss
 
 IMPLEMENTATIONS = ["eager", "batched_mm", "grouped_mm"]
 

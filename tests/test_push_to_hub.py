@@ -107,7 +107,7 @@ def test_folder_failing_validation_is_not_uploaded(tiny_mote_dir, tmp_path):
 
 def test_bad_repo_id_and_missing_weights(tiny_mote_dir, tmp_path, capsys):
     from convert.push_to_hub import main
-    from moe_embed_cli import run_cli
+    from moe_embed.usage import run_cli
 
     def run(*args):
         with pytest.raises(SystemExit) as exit_:
@@ -144,4 +144,6 @@ def test_adapter_folder_is_published_naming_a_hub_base(tiny_mote_dir, tmp_path):
     assert "model.safetensors" not in uploaded and "adapter_model.safetensors" in uploaded
     for name in ("adapter_config.json", "config.json"):
         assert json.loads(uploaded[name])["base_model_name_or_path"] == "alice/tiny-bert"
-    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == str(source.resolve())
+    # the folder itself is untouched: it still names the local base, relative to the adapter folder
+    named = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert not Path(named).is_absolute() and (adapter / named).resolve() == source.resolve()

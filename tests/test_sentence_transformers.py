@@ -117,9 +117,9 @@ def test_task_without_prefix_option(mote_dir):
 
 
 def test_prefix_routes_only_folder_embeds_plain_text_as_the_dense_model(tmp_path, st_dense):
-    from convert.upcycle import upcycle_folder
+    from convert.upcycle import UpcycleOptions, upcycle
 
-    folder = upcycle_folder(tmp_path / "route-only", prefix_routes_only=True)
+    folder = upcycle(UpcycleOptions(output=tmp_path / "route-only", prefix_routes_only=True))
     model = SentenceTransformer(str(folder), trust_remote_code=True)
     assert model[0].prepend_task_prefix is False
     reference = st_dense.encode(TEXTS, convert_to_tensor=True)
@@ -135,10 +135,12 @@ def test_unknown_task_and_missing_task_errors(st_mote):
 
 
 def test_plain_encode_uses_the_default_task(st_mote_specialised):
-    """Generic callers (mteb, vector databases) call `encode(texts)` with no prompt: the folder's default
-    prompt routes it to the classification expert, and a named task still gets its own prefix."""
+    """Generic callers (mteb, vector databases) call `encode(texts)` with no prompt: the module routes it to
+    the default task's expert with its prefix, as the prompt itself would, and a named task still gets its own
+    prefix. The folder sets no `default_prompt_name` (the module applies the default), so loading it logs
+    no default-prompt warning."""
     model = st_mote_specialised
-    assert model.default_prompt_name == "classification"
+    assert model.default_prompt_name is None
     assert model[0].auto_model.config.default_task == "classification"
     plain = model.encode(TEXTS, convert_to_tensor=True)
     assert torch.equal(plain, model.encode(TEXTS, prompt_name="classification", convert_to_tensor=True))

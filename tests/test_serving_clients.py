@@ -85,7 +85,7 @@ def test_openvino_reads_the_graph_and_embeds_as_pytorch(family, request):
     sent = mote_texts(st)
     feed = client_feed(folder, sent)
     core = openvino.Core()
-    # the CPU plug-in runs bf16 where the CPU has it unless told f32 (docs/notes/serving-contract.md §3.1)
+    # the CPU plug-in runs bf16 where the CPU has it unless told f32 (docs/serving.md §3.2)
     compiled = core.compile_model(str(folder / "onnx" / "model.onnx"), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     inputs = {i.get_any_name() for i in compiled.inputs}
     got = compiled({k: v for k, v in feed.items() if k in inputs})["sentence_embedding"]

@@ -6,10 +6,10 @@ import pytest
 import yaml
 from sentence_transformers import SentenceTransformer
 
-from moe_embed_cli import UsageError, run_cli
+from moe_embed.usage import UsageError, run_cli
 from training.config import TrainingConfig, describe_options
 from training.tasks import TASK_TYPES
-from training.train import build_entries, load_config
+from training.train import build_entries, load_config, read_datasets
 from training.train import main as train_main
 
 
@@ -55,7 +55,7 @@ def _config(workdir, mote_dir, **overrides):
 def test_registry_reaches_entries_losses_and_prompts(workdir, mote_dir):
     config = load_config(_config(workdir, mote_dir))
     model = SentenceTransformer(mote_dir, trust_remote_code=True)
-    datasets, losses, prompts = build_entries(config, workdir, model)
+    datasets, losses, prompts = build_entries(config, read_datasets(config, workdir), model)
     assert set(datasets) == {"retrieval/ret", "clustering"}  # retrieval stays per dataset, clustering is concatenated
     assert len(datasets["clustering"]) == 12 and datasets["clustering"].column_names == ["anchor", "positive"]
     assert (
@@ -75,7 +75,7 @@ def test_registry_reaches_entries_losses_and_prompts(workdir, mote_dir):
 def test_static_curriculum_mixes_tasks_with_prompts_in_the_text(workdir, mote_dir):
     config = load_config(_config(workdir, mote_dir, curriculum="static", temperature=0.05))
     model = SentenceTransformer(mote_dir, trust_remote_code=True)
-    datasets, losses, prompts = build_entries(config, workdir, model)
+    datasets, losses, prompts = build_entries(config, read_datasets(config, workdir), model)
     assert list(datasets) == ["static"] and prompts == {"static": {}}
     assert losses["static"].scale == pytest.approx(1 / 0.05)
     rows = datasets["static"]
@@ -100,14 +100,16 @@ def test_loss_options_build_the_configured_losses(workdir, mote_dir):
 
     model = SentenceTransformer(mote_dir, trust_remote_code=True)
     options = {"cached_mini_batch_size": 3, "matryoshka_dims": [384, 64], "gather_across_devices": True}
-    _, losses, _ = build_entries(load_config(_config(workdir, mote_dir, loss=options)), workdir, model)
+    config = load_config(_config(workdir, mote_dir, loss=options))
+    _, losses, _ = build_entries(config, read_datasets(config, workdir), model)
     for entry, loss in losses.items():
         assert isinstance(loss, st_losses.MatryoshkaLoss) and list(loss.matryoshka_dims) == [384, 64]
         inner = loss.loss
         assert isinstance(inner, st_losses.CachedMultipleNegativesRankingLoss)
         assert inner.mini_batch_size == 3 and inner.gather_across_devices
         assert inner.scale == pytest.approx(1 / (0.03 if entry.startswith("retrieval") else 0.06))
-    _, losses, _ = build_entries(load_config(_config(workdir, mote_dir)), workdir, model)
+    config = load_config(_config(workdir, mote_dir))
+    _, losses, _ = build_entries(config, read_datasets(config, workdir), model)
     assert all(
         type(loss) is st_losses.MultipleNegativesRankingLoss and not loss.gather_across_devices
         for loss in losses.values()

@@ -1,4 +1,4 @@
-"""Training options for specialising without forgetting (issue 22): upcycling from a dense model in the
+"""Training options for specialising without forgetting: upcycling from a dense model in the
 config, training only the experts, a separate expert learning rate, regularisers towards the starting
 model, the learning-rate schedule and checkpoint selection on dev data."""
 
@@ -10,7 +10,7 @@ import torch
 from conftest import FIXTURE_DATA, run_main
 from safetensors.torch import load_file
 
-from moe_embed_cli import UsageError
+from moe_embed.usage import UsageError
 from training.config import TrainingConfig, from_mapping
 from training.dev import BestOnDev
 from training.train import main as train_main
@@ -80,7 +80,7 @@ def test_unknown_upcycle_option_is_one_line(tmp_path, dense_path, capsys):
     }
     config.write_text(json.dumps(data))
     code, err = run_main(train_main, "--config", str(config), capsys=capsys)
-    assert code == 2 and "unknown upcycle options ['bogus']" in err.strip().splitlines()[-1]
+    assert code == 2 and "unknown key 'bogus' in upcycle" in err.strip().splitlines()[-1]
     assert not (tmp_path / "out").exists()
 
 

@@ -11,9 +11,9 @@ from conftest import read_json, run_main, run_script
 from safetensors.torch import load_file
 
 from convert.checkpoint import map_state_dict
+from convert.instruction_baseline import save_dense_with_prompts
 from convert.upcycle import main as upcycle_main
-from convert.upcycle import save_dense_with_prompts
-from moe_embed_cli import UsageError
+from moe_embed.usage import UsageError
 
 
 def upcycle(capsys, *args) -> tuple[int, str]:
@@ -67,9 +67,10 @@ def test_default_run_writes_a_complete_folder(mote_dir, dense_path):
         "clustering",
     ]
     assert read_json(folder / "modules.json")[0]["type"] == "st_mote.MoteTransformer"
-    # a plain encode(texts) routes to the classification expert, in transformers and Sentence-Transformers
+    # a plain encode(texts) routes to the classification expert, in transformers and Sentence-Transformers: the
+    # module applies the config's default task, so the folder sets no default prompt (nothing warns on load)
     assert config["default_task"] == "classification"
-    assert read_json(folder / "config_sentence_transformers.json")["default_prompt_name"] == "classification"
+    assert read_json(folder / "config_sentence_transformers.json")["default_prompt_name"] is None
     assert read_json(folder / "1_Pooling" / "config.json") == read_json(Path(dense_path) / "1_Pooling" / "config.json")
     card = (folder / "README.md").read_text()
     assert card.startswith("---\n") and "pipeline_tag: sentence-similarity" in card and "search_query: " in card
@@ -139,7 +140,7 @@ def test_routing_defaults_strict_and_custom(tmp_path, capsys):
     custom = tmp_path / "custom"
     assert upcycle(capsys, "--output", str(custom), "--default-task", "passage")[0] == 0
     assert read_json(custom / "config.json")["default_task"] == "document"
-    assert read_json(custom / "config_sentence_transformers.json")["default_prompt_name"] == "document"
+    assert read_json(custom / "config_sentence_transformers.json")["default_prompt_name"] is None
     card = (custom / "README.md").read_text()
     assert "`encode` without a prompt or task uses the `document` expert" in card
 

@@ -14,8 +14,8 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-from modeling.configuration_comoe import CoMoeBertConfig
-from moe_embed_cli import UsageError
+from modeling.defaults import COMOE
+from moe_embed.usage import UsageError
 from training.tasks import TASK_TYPES, task_type
 
 CURRICULA = ("task_aware", "static")
@@ -88,23 +88,19 @@ class LossConfig:
 class AdapterConfig:
     """Adapters trained on a frozen dense `model` (`adapter:`, used with `arch: comoe` or `arch: lora`)."""
 
-    rank: int = _help("LoRA rank r (of every expert for comoe)", CoMoeBertConfig.lora_rank)
-    lora_alpha: float = _help("LoRA alpha: adapters are scaled by alpha / r", CoMoeBertConfig.lora_alpha)
-    lora_dropout: float = _help("dropout on the adapters' input", CoMoeBertConfig.lora_dropout)
-    target_modules: str = _help(
-        "linears that get adapters, matched as peft's target_modules", CoMoeBertConfig.target_modules
-    )
-    layers: str = _help(
-        "layers that get adapters: all, every_other or comma-separated indices", CoMoeBertConfig.adapter_layers
-    )
-    num_experts: int = _help("comoe: LoRA experts per linear", CoMoeBertConfig.num_local_experts)
-    experts_per_token: int = _help("comoe: experts each token uses (top-k)", CoMoeBertConfig.num_experts_per_tok)
+    rank: int = _help("LoRA rank r (of every expert for comoe)", COMOE.lora_rank)
+    lora_alpha: float = _help("LoRA alpha: adapters are scaled by alpha / r", COMOE.lora_alpha)
+    lora_dropout: float = _help("dropout on the adapters' input", COMOE.lora_dropout)
+    target_modules: str = _help("linears that get adapters, matched as peft's target_modules", COMOE.target_modules)
+    layers: str = _help("layers that get adapters: all, every_other or comma-separated indices", COMOE.adapter_layers)
+    num_experts: int = _help("comoe: LoRA experts per linear", COMOE.num_local_experts)
+    experts_per_token: int = _help("comoe: experts each token uses (top-k)", COMOE.num_experts_per_tok)
     contrastive_loss_coef: float = _help(
-        "comoe: weight λ of the contrastive expert loss (0: MoE-LoRA)", CoMoeBertConfig.contrastive_loss_coef
+        "comoe: weight λ of the contrastive expert loss (0: MoE-LoRA)", COMOE.contrastive_loss_coef
     )
-    contrastive_tau: float = _help("comoe: temperature of the contrastive expert loss", CoMoeBertConfig.contrastive_tau)
+    contrastive_tau: float = _help("comoe: temperature of the contrastive expert loss", COMOE.contrastive_tau)
     router_aux_loss_coef: float = _help(
-        "comoe: weight of the load-balancing loss (off in the paper)", CoMoeBertConfig.router_aux_loss_coef
+        "comoe: weight of the load-balancing loss (off in the paper)", COMOE.router_aux_loss_coef
     )
 
     def __post_init__(self):
@@ -151,7 +147,7 @@ class DevConfig:
 
 @dataclass
 class TrainingConfig:
-    """A TA-CL training run (`python -m training.train --config FILE.yaml`)."""
+    """A TA-CL training run (`moe-embed train --config FILE.yaml`)."""
 
     tasks: dict[str, list[DatasetSpec]] = _help(
         f"task type ({', '.join(TASK_TYPES)}) -> list of datasets, each {{name, path}}"
@@ -203,12 +199,12 @@ class TrainingConfig:
         "loss options: cached_mini_batch_size, matryoshka_dims, gather_across_devices", default_factory=LossConfig
     )
     arch: str | None = _help(
-        "upcycle the dense `model` first and train the result: mote or moe (convert/upcycle.py with the "
+        "upcycle the dense `model` first and train the result: mote or moe (`moe-embed upcycle` with the "
         "`upcycle` options), comoe (CoMoE-PEFT with the `adapter` options) or lora (peft LoRA, saved merged)",
         None,
     )
     upcycle: dict | None = _help(
-        "arch mote / moe: options of convert/upcycle.py by their Python names, e.g. {expert_layers: all}", None
+        "arch mote / moe: options of `moe-embed upcycle` by their Python names, e.g. {expert_layers: all}", None
     )
     trainable: str = _help(
         "all, or experts: only the expert parameters train (MoTE's task experts, the MoE's experts and "

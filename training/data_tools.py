@@ -1,7 +1,9 @@
 """Data tools for contrastive training sets in JSONL (`anchor`, `positive`[, `negative`]).
 
-    python -m training.data_tools mine   pairs.jsonl --model MODEL --output triplets.jsonl [--margin 0.95]
-    python -m training.data_tools filter pairs.jsonl --model MODEL --output kept.jsonl [--top-k 20]
+    moe-embed mine   pairs.jsonl --model MODEL --output triplets.jsonl [--margin 0.95]
+    moe-embed filter pairs.jsonl --model MODEL --output kept.jsonl [--top-k 20]
+
+(`python -m training.data_tools mine|filter ...` is the same command.)
 
 `mine`: positive-aware hard-negative mining (MoTE paper eq. 5, NV-Retriever): for each anchor, the
 most similar corpus texts (the dataset's positives) are candidates, and a candidate is kept as a
@@ -17,16 +19,12 @@ Models get `query`/`document` prompts when they define them.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from convert.folders import load_sentence_transformer
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
+from moe_embed.files import atomic_write_text
+from moe_embed.folders import check_output, load_sentence_transformer
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 
 def read_pairs(path: Path) -> list[dict]:
@@ -50,17 +48,9 @@ def read_pairs(path: Path) -> list[dict]:
     return rows
 
 
-def refuse_existing(path: Path, overwrite: bool) -> None:
-    if path.exists() and not overwrite:
-        raise UsageError(f"{path} already exists; pass --overwrite to replace it")
-
-
 def write_rows(path: Path, rows: list[dict], overwrite: bool) -> None:
     """Write JSONL atomically; refuse an existing file without `overwrite`."""
-    refuse_existing(path, overwrite)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), overwrite)
 
 
 def _prompt(model, names: tuple[str, ...]) -> str | None:
@@ -130,32 +120,64 @@ def consistency_filter(rows: list[dict], model, top_k: int, batch_size: int) -> 
     return kept
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    parser.add_argument("command", choices=["mine", "filter"], help="mine hard negatives, or consistency-filter pairs")
+COMMANDS = {"mine": "mine hard negatives", "filter": "consistency-filter pairs"}
+
+
+def build_parser(command: str, prog: str | None = None):
+    """The parser of `moe-embed mine` or `moe-embed filter` (the options of the other are not offered)."""
+    parser = command_parser(__doc__, prog)
     parser.add_argument("input", help="JSONL with `anchor` and `positive`")
     parser.add_argument("--model", required=True, help="embedding model (folder or Hub id) used as the teacher")
     parser.add_argument("--output", required=True, help="JSONL to write")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument(
-        "--margin", type=float, default=0.95, help="mine: keep negatives scoring below margin x positive"
-    )
-    parser.add_argument("--num-negatives", type=int, default=1, help="mine: negatives per pair")
-    parser.add_argument("--range-max", type=int, default=50, help="mine: candidates considered per anchor")
-    parser.add_argument("--top-k", type=int, default=20, help="filter: keep pairs whose positive ranks in the top-k")
+    if command == "mine":
+        parser.add_argument("--margin", type=float, default=0.95, help="keep negatives scoring below margin x positive")
+        parser.add_argument("--num-negatives", type=int, default=1, help="negatives per pair")
+        parser.add_argument("--range-max", type=int, default=50, help="candidates considered per anchor")
+    else:
+        parser.add_argument("--top-k", type=int, default=20, help="keep pairs whose positive ranks in the top-k")
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model folder's own code")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(command: str, argv: list[str] | None = None, prog: str | None = None) -> Path:
+    """`moe-embed mine` / `moe-embed filter` with the arguments `argv`; returns the written file."""
+    args = parse(build_parser(command, prog), argv)
     rows = read_pairs(Path(args.input))
-    output = Path(args.output)
-    refuse_existing(output, args.overwrite)  # before loading the model
+    output = check_output(args.output, overwrite=args.overwrite)  # before loading the model
     model = load_sentence_transformer(args.model, trust_remote_code=args.trust_remote_code)
-    if args.command == "mine":
+    if command == "mine":
         result = mine(rows, model, args.margin, args.num_negatives, args.range_max, args.batch_size)
     else:
         result = consistency_filter(rows, model, args.top_k, args.batch_size)
     write_rows(output, result, args.overwrite)
-    print(f"{args.command}: {len(rows)} rows in, {len(result)} rows out -> {output}")
+    print(f"{command}: {len(rows)} rows in, {len(result)} rows out -> {output}")
+    return output
+
+
+def main_mine(argv: list[str] | None = None, prog: str | None = None) -> Path:
+    """`moe-embed mine ...`."""
+    return run("mine", argv, prog)
+
+
+def main_filter(argv: list[str] | None = None, prog: str | None = None) -> Path:
+    """`moe-embed filter ...`."""
+    return run("filter", argv, prog)
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> Path:
+    """`python -m training.data_tools mine|filter ...`."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        parser = command_parser(__doc__, prog)
+        parser.add_argument(
+            "command", choices=list(COMMANDS), help=", or ".join(f"{k}: {v}" for k, v in COMMANDS.items())
+        )
+        parse(parser, argv[:1])  # prints the usage (or the help) and exits
+    return run(argv[0], argv[1:], f"{prog or 'python -m training.data_tools'} {argv[0]}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from moe_embed_cli import UsageError
+from moe_embed.usage import UsageError
 
 FORMATS = ("pairs", "labelled", "beir")
 
@@ -47,7 +47,7 @@ def same_label_pairs(texts: list[str], labels: list[str], rng: random.Random) ->
 
 
 def labelled_rows(path: Path, text: str, label: str, rng: random.Random) -> list[dict]:
-    from evaluation.data import read_tsv
+    from moe_embed.data import read_tsv
 
     table = read_tsv(path)
     if table and (text not in table[0] or label not in table[0]):
@@ -57,7 +57,7 @@ def labelled_rows(path: Path, text: str, label: str, rng: random.Random) -> list
 
 
 def beir_rows(path: Path, split: str) -> list[dict]:
-    from evaluation.data import beir, read_jsonl
+    from moe_embed.data import beir, read_jsonl
 
     data = beir(path, split=split)
     queries = {q["_id"]: q["text"] for q in read_jsonl(path / "queries.jsonl")}

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from evaluation import data as D
 from evaluation.run import Task, evaluate
+from moe_embed import data as D
+from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,15 @@ DEV_TASKS = {
 }
 
 
+def load_dev_sets(names: list[str], data_dir: str | None = None) -> dict:
+    """The data of the dev sets `names` from the data folder (`moe_embed.data.data_dir`): name -> data."""
+    unknown = [name for name in names if name not in DEV_TASKS]
+    if unknown or not names:
+        raise UsageError(f"unknown dev sets {unknown or names}; expected names from {', '.join(DEV_TASKS)}")
+    root = D.data_dir(data_dir)
+    return {name: DEV_TASKS[name].load(root) for name in names}
+
+
 class BestOnDev(TrainerCallback):
     """Score the model on dev sets at step 0 and every `eval_steps` steps; end training with the best weights.
 
@@ -45,11 +55,9 @@ class BestOnDev(TrainerCallback):
     holds a copy of its experts, not of the whole model.
     """
 
-    def __init__(self, model, tasks: list[str], data_dir: Path, eval_steps: int):
-        unknown = [name for name in tasks if name not in DEV_TASKS]
-        if unknown or not tasks:
-            raise ValueError(f"unknown dev sets {unknown or tasks}; expected names from {', '.join(DEV_TASKS)}")
-        self.model, self.tasks, self.data_dir = model, [DEV_TASKS[name] for name in tasks], data_dir
+    def __init__(self, model, dev_sets: dict, eval_steps: int):
+        """`dev_sets`: dev set name -> its data (`load_dev_sets`)."""
+        self.model, self.tasks, self.data = model, [DEV_TASKS[name] for name in dev_sets], dev_sets
         self.eval_steps = eval_steps
         self.history: list[dict] = []
         self.best: tuple[float, int, dict] | None = None
@@ -59,7 +67,7 @@ class BestOnDev(TrainerCallback):
         training = self.model.training
         self.model.eval()
         try:
-            scores = {task.name: evaluate(self.model, task, self.data_dir) for task in self.tasks}
+            scores = {task.name: evaluate(self.model, task, self.data[task.name]) for task in self.tasks}
         finally:
             self.model.train(training)
         return {**scores, "dev": statistics.mean(scores.values())}
@@ -96,4 +104,4 @@ def write_history(callback: BestOnDev, folder: Path) -> None:
     (Path(folder) / "dev_scores.json").write_text(json.dumps(callback.selected, indent=2) + "\n")
 
 
-__all__ = ["DEV_TASKS", "BestOnDev", "write_history"]
+__all__ = ["DEV_TASKS", "BestOnDev", "load_dev_sets", "write_history"]

@@ -14,13 +14,13 @@ from __future__ import annotations
 from torch import nn
 
 from convert.layout import DENSE_ARCHITECTURES, mote_expert_key
+from modeling.comoe_layer import is_adapter_key
 from modeling.configuration_encoder import resolve_layer_indices
-from modeling.modeling_comoe import is_adapter_key
 
 
 def expert_parameter_names(transformer: nn.Module, expert_layers="every_other") -> set[str]:
     """Names (as `transformer.named_parameters()` gives them) of the expert parameters; `expert_layers`
-    picks the layers of a dense model (all, every_other or indices, as `convert/upcycle.py` reads them)."""
+    picks the layers of a dense model (all, every_other or indices, as `moe-embed upcycle` reads them)."""
     names = [name for name, _ in transformer.named_parameters()]
     model_type = getattr(transformer.config, "model_type", None)
     if any("lora_" in name for name in names) and model_type not in ("comoe_bert",):  # peft LoRA

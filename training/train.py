@@ -1,8 +1,10 @@
 """Task-aware contrastive learning (TA-CL) with SentenceTransformerTrainer, from a YAML config.
 
-    python -m training.train --config training/configs/example.yaml
+    moe-embed train --config examples/train_mote.yaml
+    moe-embed train --config training/configs/example.yaml --data-dir ../shared/data
 
-A config (see `training/configs/example.yaml`; every option is listed by `--help`):
+(`python -m training.train ...` is the same command.) A config (see `examples/train_mote.yaml`; every option
+is listed at the end of `--help`):
 
     model: models/mote-minilm
     trust_remote_code: true
@@ -15,41 +17,35 @@ A config (see `training/configs/example.yaml`; every option is listed by `--help
         - {name: pairs, path: data/pairs.jsonl}
 
 Each dataset is JSONL with `anchor`, `positive` and optionally `negative` (a hard negative, used
-as an extra candidate). Under the task-aware curriculum (TA-CL) retrieval datasets are separate
-entries (homogeneous batches); the datasets of a classification or clustering task are
-concatenated into one entry (heterogeneous batches). Each entry gets
+as an extra candidate), or another `format` (`training/datasets.py`). Under the task-aware curriculum (TA-CL)
+retrieval datasets are separate entries (homogeneous batches); the datasets of a classification or clustering
+task are concatenated into one entry (heterogeneous batches). Each entry gets
 `MultipleNegativesRankingLoss(scale=1/τ)` with its task type's τ and its task type's prompts,
 which route MoTE's experts; a token-routed MoE's load-balancing loss, and CoMoE's contrastive expert
-loss, are added. With `arch: comoe` the dense `model` is first upcycled to CoMoE-PEFT (options under
-`adapter:`); with `arch: lora` it gets peft LoRA adapters and is saved merged (`merge_and_unload`).
-Either way only the adapters train. Batches are drawn
-with `TaskAwareBatchSampler`, so all data-parallel ranks train on one entry per step.
-The static curriculum (the paper's baseline) writes each row's prompt into its text, concatenates
-all datasets into one entry and uses one temperature: batches mix tasks, and MoTE routes each row
-by the prefix its text starts with.
+loss, are added. With `arch: mote | moe | comoe` the dense `model` is first upcycled (options under
+`upcycle:`, CoMoE's under `adapter:`); with `arch: lora` it gets peft LoRA adapters and is saved merged
+(`merge_and_unload`). Batches are drawn with `TaskAwareBatchSampler`, so all data-parallel ranks train on
+one entry per step. The static curriculum (the paper's baseline) writes each row's prompt into its text,
+concatenates all datasets into one entry and uses one temperature: batches mix tasks, and MoTE routes each
+row by the prefix its text starts with. Every dataset and dev set is read before the model is upcycled or
+loaded, so a missing file is reported at once.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from convert.checkpoint import write_portable_module_files
-from convert.folders import check_output, load_sentence_transformer
-from moe_embed_cli import HelpFormatter, UsageError, run_cli
+from moe_embed.data import DATA_DIR_HELP
+from moe_embed.folders import check_output, load_sentence_transformer
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 from training.config import AdapterConfig, DatasetSpec, LossConfig, TrainingConfig, describe_options, load_config
-from training.regularizers import regularizer
 from training.tasks import column_prompts, task_type
 
-logger = logging.getLogger("training")
+logger = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("anchor", "positive")
 OPTIONAL_COLUMNS = ("negative",)
@@ -59,7 +55,7 @@ def dataset_path(spec: DatasetSpec, base: Path, data_dir: str | None = None) -> 
     """Where a dataset is: `{data}/...` in the data folder (`data_dir`, else `$MOE_EMBED_DATA`, else
     ../shared/data beside the repository), a relative path under `base`, or the absolute path."""
     if spec.path.startswith("{data}/"):
-        from evaluation.data import data_dir as find_data_dir
+        from moe_embed.data import data_dir as find_data_dir
 
         return find_data_dir(data_dir) / spec.path.removeprefix("{data}/")
     return Path(spec.path) if Path(spec.path).is_absolute() else (base / spec.path).resolve()
@@ -121,15 +117,23 @@ def with_prompts_in_text(data, prompts: dict[str, str]):
     return data.map(lambda row: {c: prompts.get(c, "") + row[c] for c in data.column_names}, desc="prompts")
 
 
-def build_entries(config: TrainingConfig, base: Path, model) -> tuple[dict, dict, dict]:
-    """(datasets, losses, prompts) per trainer entry, following the task registry and curriculum."""
+def read_datasets(config: TrainingConfig, base: Path) -> dict[str, list]:
+    """Every dataset of the config, read: task type -> `[(entry name, datasets.Dataset)]`."""
+    return {
+        task: [(spec.entry_name(), read_pair_dataset(spec, base, config.data_dir)) for spec in specs]
+        for task, specs in config.tasks.items()
+    }
+
+
+def build_entries(config: TrainingConfig, read: dict[str, list], model) -> tuple[dict, dict, dict]:
+    """(datasets, losses, prompts) per trainer entry of the datasets `read`, following the task registry and
+    curriculum."""
     from datasets import concatenate_datasets
 
     with_aux = getattr(model[0].auto_model.config, "model_type", None) in AUX_LOSS_MODEL_TYPES
     datasets, temperatures, prompts = {}, {}, {}
-    for task, specs in config.tasks.items():
+    for task, loaded in read.items():
         kind = task_type(task)
-        loaded = [(spec.entry_name(), read_pair_dataset(spec, base, config.data_dir)) for spec in specs]
         if kind.batching == "homogeneous":
             groups = {f"{task}/{name}": data for name, data in loaded}
         else:
@@ -159,7 +163,7 @@ def model_source(config: TrainingConfig, base: Path) -> str:
     """`config.model` as a folder relative to `base` (the working directory) when there is one, else as given
     (the bundled all-MiniLM-L6-v2 when it names none)."""
     if config.model is None:
-        from convert.checkpoint import bundled_minilm_path
+        from moe_embed.folders import bundled_minilm_path
 
         return bundled_minilm_path()
     return str(base / config.model) if (base / config.model).is_dir() else config.model
@@ -167,19 +171,18 @@ def model_source(config: TrainingConfig, base: Path) -> str:
 
 def upcycled_source(config: TrainingConfig, base: Path, scratch: Path) -> str:
     """The dense `config.model` upcycled to `config.arch` in a scratch folder: MoTE or the token MoE with
-    the `upcycle` options, CoMoE with the `adapter` options (AdapterConfig's fields are upcycle.py's
+    the `upcycle` options, CoMoE with the `adapter` options (AdapterConfig's fields are `UpcycleOptions`'
     CoMoE options by name)."""
     from dataclasses import asdict
 
-    from convert.upcycle import ARCH_OPTIONS, upcycle_folder
+    from convert.upcycle import UpcycleOptions, upcycle
 
     options = asdict(config.adapter) if config.arch == "comoe" else dict(config.upcycle or {})
-    if config.arch in ARCH_OPTIONS["seed"]:  # MoTE's upcycling is deterministic: it has no seed
+    if config.arch != "mote":  # MoTE's upcycling is deterministic: it has no seed
         options.setdefault("seed", config.seed)
-    try:
-        return str(upcycle_folder(scratch / config.arch, config.arch, model_source(config, base), **options))
-    except TypeError as error:  # an option upcycle.py does not have
-        raise UsageError(f"upcycle: {error}") from None
+    where = "adapter" if config.arch == "comoe" else "upcycle"
+    options = {**options, "output": scratch / config.arch, "arch": config.arch, "base": model_source(config, base)}
+    return str(upcycle(UpcycleOptions.from_mapping(options, where)))
 
 
 def lora_config(adapter: AdapterConfig, num_layers: int):
@@ -263,6 +266,9 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     from datasets import DatasetDict
     from sentence_transformers import SentenceTransformerTrainingArguments
 
+    from modeling.st_folder import write_portable_module_files
+    from training.dev import load_dev_sets
+    from training.regularizers import regularizer
     from training.sampler import TaskAwareBatchSampler, data_parallel_world_size
     from training.trainer import TaskAwareTrainer
 
@@ -270,6 +276,8 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     source = model_source(config, base)
     inputs = (source,) if Path(source).is_dir() else ()
     check_output(output_dir, inputs, config.overwrite_output_dir, "overwrite_output_dir: true (or --overwrite)")
+    read = read_datasets(config, base)  # every input read before the long steps
+    dev_sets = load_dev_sets(config.dev.tasks, config.data_dir) if config.dev else None
     upcycled = config.arch in ("mote", "moe", "comoe")
     if upcycled:
         source = upcycled_source(config, base, scratch)
@@ -289,7 +297,7 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     if config.max_seq_length:
         model.max_seq_length = config.max_seq_length
     expert_names = select_trainable(config, model)
-    datasets, losses, prompts = build_entries(config, base, model)
+    datasets, losses, prompts = build_entries(config, read, model)
     anchored = regularizer(config.regularizer.kind, config.regularizer.weight, model)  # after freezing
     losses = {entry: anchored(loss) for entry, loss in losses.items()}
     output_dir = str(output_dir)
@@ -318,10 +326,9 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     trainer_cls = trainer_cls or TaskAwareTrainer
     dev = None
     if config.dev:
-        from evaluation.data import data_dir
         from training.dev import BestOnDev
 
-        dev = BestOnDev(model, config.dev.tasks, data_dir(config.data_dir), config.dev.eval_steps)
+        dev = BestOnDev(model, dev_sets, config.dev.eval_steps)
     trainer = trainer_cls(
         model=model,
         args=args,
@@ -352,21 +359,19 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     return model
 
 
-def build_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
-        description=__doc__,
-        epilog="config options:\n" + describe_options(),
-        formatter_class=HelpFormatter,
-    )
-
-
-def main(argv: list[str] | None = None):
-    parser = build_parser()
+def build_parser(prog: str | None = None):
+    parser = command_parser(__doc__, prog, epilog="config options:\n" + describe_options())
     parser.add_argument("--config", required=True, help="YAML training config")
     parser.add_argument("--overwrite", action="store_true", help="replace output_dir if it exists")
-    args = parser.parse_args(argv)
+    parser.add_argument("--data-dir", help=f"the folder {{data}} stands for in dataset paths ({DATA_DIR_HELP})")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None):
+    args = parse(build_parser(prog), argv)
     config = load_config(Path(args.config))
     config.overwrite_output_dir = config.overwrite_output_dir or args.overwrite
+    config.data_dir = args.data_dir or config.data_dir
     return train(config, Path.cwd())
 
 

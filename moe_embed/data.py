@@ -1,4 +1,8 @@
-"""Loaders for the evaluation data in `../shared/data` (see its README for sources and licences)."""
+"""Where evaluation and training data come from, and readers of its file formats.
+
+The data folder is `--data-dir` on a command, else `$MOE_EMBED_DATA`, else `../shared/data` beside the
+repository (its README gives sources and licences); `tests/data` is a tiny one in the same layout.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moe_embed_cli import UsageError
+from moe_embed.usage import UsageError
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 # the --data-dir help of every script that reads the data
@@ -19,7 +23,10 @@ def data_dir(override: str | None = None) -> Path:
     """`--data-dir`, else `$MOE_EMBED_DATA`, else `../shared/data` beside the repository."""
     path = Path(override or os.environ.get("MOE_EMBED_DATA") or DEFAULT_DATA_DIR)
     if not path.is_dir():
-        raise UsageError(f"evaluation data folder {path} not found; pass --data-dir or set MOE_EMBED_DATA")
+        raise UsageError(
+            f"data folder {path} not found: pass --data-dir DIR (a folder in the layout of ../shared/data) "
+            "or set MOE_EMBED_DATA"
+        )
     return path
 
 
@@ -97,3 +104,15 @@ def beir(root: Path, split: str = "test") -> RetrievalData:
             relevant.setdefault(row["query-id"], set()).add(row["corpus-id"])
     queries = {q["_id"]: q["text"] for q in read_jsonl(root / "queries.jsonl") if q["_id"] in relevant}
     return RetrievalData(queries, corpus, relevant)
+
+
+def read_texts(path: Path, option: str = "--texts") -> list[str]:
+    """The texts of a file, one per line (blank lines skipped); a `UsageError` naming the command's `option`
+    when the file cannot be read or holds no text."""
+    try:
+        texts = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    except OSError as error:
+        raise UsageError(f"cannot read {option} {path}: {error.strerror}") from None
+    if not texts:
+        raise UsageError(f"{option} {path} holds no text (one text per line expected)")
+    return texts

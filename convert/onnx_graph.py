@@ -1,0 +1,163 @@
+"""The graph an ONNX export traces: this package's model behind `PromptInputs` (MoTE: prompts and routing on
+token ids, `graph_prompts.py`), then the folder's own Sentence-Transformers modules (pooling, normalisation),
+traced by `torch.onnx.export(dynamo=True)`; and how a client feeds and runs the written graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from convert.graph_prompts import PromptInputs, leading_specials
+from moe_embed.files import read_json
+from moe_embed.usage import UsageError
+
+logger = logging.getLogger(__name__)
+
+GRAPH_FILE = "onnx/model.onnx"
+
+
+class SentenceEmbeddingGraph(nn.Module):
+    """The model behind `PromptInputs` (MoTE), then the folder's own Sentence-Transformers modules (`Pooling`,
+    `Normalize`, ...): `(input_ids, attention_mask, token_type_ids[, task_ids]) -> (sentence_embedding,
+    token_embeddings[, token_attention_mask, routed_task_ids])`."""
+
+    def __init__(self, model: nn.Module, head: list[nn.Module], task: str | None = None, prompts=None):
+        super().__init__()
+        self.model, self.head, self.task, self.prompts = model, nn.ModuleList(head), task, prompts
+        self.routed = prompts is not None
+        self.task_index = model.config.tasks.index(task) if task else -1
+        self.eval()  # an inference graph: no dropout, no aux losses
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None, task_ids=None):
+        kwargs = {}
+        if self.routed:
+            if self.task:  # a one-task graph: every row is that task's, whatever prompt it starts with
+                task_ids = torch.full_like(input_ids[:, 0], self.task_index)
+            input_ids, attention_mask, task_ids = self.prompts(input_ids, attention_mask, task_ids)
+            kwargs = {"task": self.task} if self.task else {"task_ids": task_ids}
+            if token_type_ids is not None:  # one segment: the first column's type, over the new length
+                token_type_ids = token_type_ids[:, :1].expand_as(input_ids)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **kwargs)
+        features = {"token_embeddings": out.last_hidden_state, "attention_mask": attention_mask}
+        for module in self.head:
+            features = module(features)
+        outputs = (features["sentence_embedding"], out.last_hidden_state)
+        return outputs + (attention_mask, task_ids) if self.routed else outputs
+
+
+def output_names(graph: SentenceEmbeddingGraph) -> list[str]:
+    extra = ["token_attention_mask", "routed_task_ids"] if graph.routed else []
+    return ["sentence_embedding", "token_embeddings", *extra]
+
+
+def st_head(folder: Path, model) -> list[nn.Module]:
+    """The Sentence-Transformers modules after the input module, as `SentenceTransformer` loaded them."""
+    head = list(model)[1:]
+    if any(getattr(module, "include_prompt", True) is False for module in head):
+        raise UsageError(f"{folder} pools without the prompt tokens, which needs the prompt length: not exported")
+    return head
+
+
+def load_model(folder: Path, task: str | None = None) -> nn.Module:
+    """The folder's weights in this package's model class (fp32, eval); `task` loads only that task's experts."""
+    from modeling.modeling_comoe import CoMoeBertModel
+    from modeling.modeling_moe import MoeBertModel
+    from modeling.modeling_mote import MoteBertModel
+
+    classes = {"mote_bert": MoteBertModel, "moe_bert": MoeBertModel, "comoe_bert": CoMoeBertModel}
+    kwargs = {"active_tasks": [task]} if task else {}
+    model_type = read_json(folder / "config.json")["model_type"]
+    model = classes[model_type].from_pretrained(str(folder), dtype=torch.float32, **kwargs)
+    return model.eval()
+
+
+def graph_inputs(tokenizer, texts: list[str], task_ids: list[int] | None = None) -> dict[str, torch.Tensor]:
+    """A client's feed: the tokenizer's `input_ids`, `attention_mask` and (where it has them)
+    `token_type_ids`, plus `task_ids` when given."""
+    batch = tokenizer.encode_batch(texts)
+    inputs = {
+        "input_ids": torch.tensor([e.ids for e in batch]),
+        "attention_mask": torch.tensor([e.attention_mask for e in batch]),
+        "token_type_ids": torch.tensor([e.type_ids for e in batch]),
+    }
+    return inputs if task_ids is None else {**inputs, "task_ids": torch.tensor(task_ids)}
+
+
+def export_graph(graph: SentenceEmbeddingGraph, inputs: dict, path: Path, opset: int | None) -> None:
+    """Trace `graph` on `inputs` (a feed by name) with batch and sequence length dynamic and write `path`."""
+    config = graph.model.config
+    batch = torch.export.Dim("batch", min=1, max=1 << 20)
+    offset = getattr(config, "position_offset", 0)  # a plain BERT (the dense reference of the benchmarks) has none
+    seq = torch.export.Dim("sequence", min=1, max=config.max_position_embeddings - offset)
+    shapes = {name: {0: batch} if name == "task_ids" else {0: batch, 1: seq} for name in inputs}
+    for name in ("onnxscript", "onnx_ir"):  # their optimiser passes log every rewrite at INFO
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # the exporter announces on every run that it skips torchvision's ops (this graph has none)
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    large = sum(p.numel() * p.element_size() for p in graph.parameters()) > 1.5 * 2**30  # protobuf's 2 GiB
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        # notes on the exporter's own internals, on every run: a deprecated pytree check, and that the batch and
+        # sequence axes keep the names given here
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=r"# The axis name: .* will not be used", category=UserWarning)
+        program = torch.onnx.export(
+            graph,
+            (),
+            kwargs=dict(inputs),
+            input_names=list(inputs),
+            output_names=output_names(graph),
+            dynamic_shapes=shapes,
+            dynamo=True,
+            opset_version=opset,
+            verbose=False,
+        )
+    program.save(str(path), external_data=large)
+
+
+def session(path: Path):
+    import onnxruntime
+
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def run_graph(path_or_session, inputs: dict) -> list:
+    """The graph's outputs for a feed by name (numpy arrays)."""
+    runner = session(path_or_session) if isinstance(path_or_session, Path) else path_or_session
+    names = {i.name for i in runner.get_inputs()}
+    return runner.run(None, {name: value.numpy() for name, value in inputs.items() if name in names})
+
+
+def embed(runner, tokenizer, texts: list[str], batch_size: int = 32):
+    """`sentence_embedding` of `texts` fed as a client feeds them (tokenised by `tokenizer`), in batches."""
+    import numpy as np
+
+    batches = range(0, len(texts), batch_size)
+    return np.concatenate([run_graph(runner, graph_inputs(tokenizer, texts[i : i + batch_size]))[0] for i in batches])
+
+
+def build_graph(folder: Path, st, task: str | None = None) -> SentenceEmbeddingGraph:
+    """The graph to trace for the folder (`st`: it loaded as `SentenceTransformer`); `task`: one MoTE task."""
+    head = st_head(folder, st)
+    try:
+        model = load_model(folder, task)
+        task = model.config.tasks[model.config.task_index(task)] if task else None
+    except ValueError as error:  # unknown task: the message lists the valid ones
+        raise UsageError(str(error)) from None
+    prompts = None
+    if model.config.model_type == "mote_bert":
+        tokenizer = st[0].tokenizer
+        prompts = PromptInputs(
+            model.config,
+            leading_specials(model.config, tokenizer),
+            st.max_seq_length,
+            tokenizer.sep_token_id,
+            tokenizer.pad_token_id,
+            strip=not getattr(st[0], "prepend_task_prefix", True),
+        )
+    return SentenceEmbeddingGraph(model, head, task, prompts)

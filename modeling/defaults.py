@@ -1,0 +1,96 @@
+"""Defaults and task tables of the model types, readable without importing transformers or torch.
+
+The config classes take their defaults from here, and so do the command lines (`moe-embed upcycle --help`
+shows them at once) and the tools that choose a MoTE expert per task type (evaluation, training): one
+source per value. This file is copied into saved model folders with the configs that read it.
+"""
+
+from dataclasses import dataclass
+
+# MoTE: the default tasks, one expert each, in expert order, with the instruction prefix that selects it.
+DEFAULT_TASK_PREFIXES = {
+    "query": "search_query: ",
+    "document": "search_document: ",
+    "classification": "classification: ",
+    "clustering": "clustering: ",
+}
+
+# The MoTE task whose expert serves each task type. Task types without an expert of their own use the
+# closest one, as in the MoTE paper (section 5.3): STS, pair classification and summarization the
+# classification expert; reranking encodes its queries and documents as retrieval does.
+TASK_TYPE_EXPERTS = {
+    "retrieval_query": "query",
+    "retrieval_document": "document",
+    "reranking_query": "query",
+    "reranking_document": "document",
+    "classification": "classification",
+    "clustering": "clustering",
+    "sts": "classification",
+    "pair_classification": "classification",
+    "summarization": "classification",
+}
+
+# The task of an input that names none and starts with no prefix (a plain `encode(texts)`, as mteb, LangChain
+# or a vector database call it): the expert of generic similarity, STS's.
+DEFAULT_TASK = TASK_TYPE_EXPERTS["sts"]
+
+# Other names of the default tasks: sentence-transformers' names for documents, and each prefix's own words.
+TASK_NAME_ALIASES = {
+    "passage": "document",
+    "corpus": "document",
+    "search_query": "query",
+    "search_document": "document",
+}
+
+
+# AEA: the sentence embeddings it makes (`aea_pooling.py`) and how per-token expert counts are rounded
+# (`aea_allocation.py`).
+AEA_EMBEDDINGS = ("hidden", "moee-concat", "moee-sum")
+AEA_ROUNDINGS = ("floor", "largest-remainder")
+
+
+@dataclass(frozen=True)
+class MoeDefaults:
+    """Defaults of the token-routed MoE (Nomic Embed v2's settings); see `MoeBertConfig` for each field."""
+
+    num_local_experts: int = 8
+    num_experts_per_tok: int = 2
+    norm_topk_prob: bool = False
+    moe_layers: str = "every_other"
+    router_aux_loss_coef: float = 1.0
+    router_z_loss_coef: float = 0.0
+    router_jitter_noise: float = 0.0
+
+
+@dataclass(frozen=True)
+class CoMoeDefaults:
+    """Defaults of CoMoE-PEFT (the CoMoE paper's settings); see `CoMoeBertConfig` for each field."""
+
+    num_local_experts: int = 4
+    num_experts_per_tok: int = 2
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.05
+    target_modules: str = "query,key,value,attention.output.dense"
+    adapter_layers: str = "all"
+    contrastive_loss_coef: float = 0.01
+    contrastive_tau: float = 0.07
+    contrastive_eps: float = 1e-3
+    router_aux_loss_coef: float = 0.0
+
+
+MOE = MoeDefaults()
+COMOE = CoMoeDefaults()
+
+__all__ = [
+    "DEFAULT_TASK_PREFIXES",
+    "TASK_TYPE_EXPERTS",
+    "DEFAULT_TASK",
+    "TASK_NAME_ALIASES",
+    "AEA_EMBEDDINGS",
+    "AEA_ROUNDINGS",
+    "MOE",
+    "COMOE",
+    "MoeDefaults",
+    "CoMoeDefaults",
+]

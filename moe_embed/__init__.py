@@ -1,0 +1,15 @@
+"""The shared core of moe-embed's tools: what `convert/`, `evaluation/` and `training/` all rely on, so
+that none of them imports another for plumbing.
+
+- `usage.py`: the command-line contract: `UsageError` (bad input: one line on stderr, exit code 2),
+  `run_cli`, the help format, `--verbose` and quiet logging.
+- `folders.py`: the folder contract: opening a model folder or Hub id (refused in one line before any
+  work), checking an output, the bundled dense checkpoint, `load_sentence_transformer`.
+- `files.py`: JSON files and atomic writes (a folder or a file appears whole, or not at all).
+- `data.py`: where evaluation and training data come from (`--data-dir`, `$MOE_EMBED_DATA`,
+  `../shared/data`) and readers of its file formats.
+
+Every module here imports only the standard library at import time (heavy libraries inside the functions
+that need them), so a command's `--help` and argument errors answer at once. It imports nothing of this
+package but `modeling/` (the model code, the lowest layer).
+"""

@@ -1,0 +1,140 @@
+"""The command-line contract of every command of this package (`moe-embed SUBCOMMAND`, `python
+convert/<tool>.py`, `python -m training.train`, ...).
+
+- Bad input ends the run with one line on stderr and exit code 2, never a traceback: code raises
+  `UsageError` where the user's input (arguments, files, data, configs) is wrong, and the entry point
+  `run_cli(main)` also turns an `OSError` (unwritable output, full disk, missing file) into that line.
+  Anything else is a bug and keeps its traceback.
+- Quiet by default: this package's own progress lines and every library's warnings; the libraries'
+  informational logs (and the progress bars sentence-transformers shows at that level) only with
+  `--verbose`, which every command's parser (`command_parser`) offers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# the loggers of this package's tools: informational by default, the libraries' only with --verbose
+OWN_LOGGERS = ("moe_embed", "convert", "training", "evaluation", "experiments", "benchmarks", "moe_embed_cli")
+# warnings the libraries give on every run, whatever the input, shown only with --verbose: sentence-transformers
+# announces the default prompt of a folder that has one (a one-task export) each time it is loaded, and
+# onnxruntime's quantiser advises pre-processing on every call
+ROUTINE_WARNINGS = ("Default prompt name is set to", "Please consider to run pre-processing before quantization")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """`--help` of every command: the description as written, and each option's default appended once,
+    only where its help text does not already state one and there is a value to state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
+
+
+class UsageError(Exception):
+    """Bad input to a command: reported as `error: <message>` on stderr with exit code 2."""
+
+
+def command_parser(description: str | None, prog: str | None = None, **kwargs) -> argparse.ArgumentParser:
+    """An `ArgumentParser` with this package's help format and the `--verbose` option every command has.
+
+    `description` is the module docstring; `prog` names the command as the user typed it
+    (`moe-embed upcycle`), default the script's name."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="also show the libraries' informational logs and progress bars"
+    )
+    return parser
+
+
+def shard_size(value: str) -> str:
+    """argparse type of `--max-shard-size`: an integer and a unit, as `save_pretrained` reads it (`2GB`,
+    `500MB`, `1GiB`; lower-case `b` counts bits)."""
+    if not re.fullmatch(r"\d+(?:[KMG]i[Bb]|[KMG][Bb])", value, flags=re.IGNORECASE):
+        raise argparse.ArgumentTypeError(f"expected a size such as 2GB, 500MB or 1GiB, got {value!r}")
+    return value
+
+
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """`parser.parse_args(argv)`, then the logging `--verbose` asks for."""
+    args = parser.parse_args(argv)
+    if getattr(args, "verbose", False):
+        set_verbosity(verbose=True)
+    return args
+
+
+_BARS_HIDDEN = False  # whether the quiet mode set HF_HUB_DISABLE_PROGRESS_BARS (and may take it back)
+
+
+class _Quiet(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(ROUTINE_WARNINGS)
+
+
+class _Format(logging.Formatter):
+    """This package's informational lines as they are; warnings and errors with their level and source."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.levelno <= logging.INFO and record.name.split(".")[0] in OWN_LOGGERS:
+            return record.getMessage()
+        return f"{record.levelname.lower()} ({record.name}): {record.getMessage()}"
+
+
+def set_verbosity(verbose: bool = False) -> None:
+    """Quiet (this package's informational lines, every warning but the routine ones) or verbose (every
+    library's informational lines too) logging on stderr. Quiet also hides the progress bars of transformers
+    and the Hub (loading and writing a local folder take a second); call it before they are imported. Long steps
+    keep theirs: training, calibration, a model fetched from the Hub (`moe_embed.folders.locate`)."""
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if getattr(h, "_moe_embed", False)), None)
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler._moe_embed = True
+        handler.setFormatter(_Format())
+        root.addHandler(handler)
+    handler.filters = [] if verbose else [_Quiet()]
+    root.setLevel(logging.INFO if verbose else logging.WARNING)
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
+    global _BARS_HIDDEN
+    if not verbose and "HF_HUB_DISABLE_PROGRESS_BARS" not in os.environ:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        _BARS_HIDDEN = True
+    elif verbose and _BARS_HIDDEN:
+        os.environ.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+        _BARS_HIDDEN = False
+
+
+def run_cli(main: Callable[[list[str] | None], T], argv: list[str] | None = None) -> T:
+    """Call `main(argv)` with quiet logging set up; `UsageError` and `OSError` become one stderr line and exit 2."""
+    set_verbosity(verbose=False)
+    try:
+        return main(argv)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as error:  # the user's environment, not a bug
+        print(f"error: {error.strerror or error}: {error.filename or ''}".rstrip(": "), file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+__all__ = [
+    "HelpFormatter",
+    "UsageError",
+    "command_parser",
+    "parse",
+    "run_cli",
+    "set_verbosity",
+    "shard_size",
+]
