@@ -35,12 +35,8 @@ from pathlib import Path
 
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
-# Refuse an int8 graph when a row's cosine to fp32 is below this. It sits between what was measured to keep
-# accuracy and what was measured to break agreement (`benchmarks/int8_accuracy.py` and
-# `benchmarks/int8_settings.py`, docs/benchmarks.md):
-# the recipe's MoTE (examples/train_mote.yaml, seed 2) quantises at min 0.976 and loses 0.27 on STS-B and
-# nothing on SciFact, inside the 0.5-point budget, while per-tensor weights fall to 0.938. 0.97 accepts the
-# first with room for CPUs whose integer kernels round differently and refuses the second.
+# Refuse an int8 graph when a row's cosine to fp32 is below this: between the agreement measured to keep
+# accuracy and the one measured to break it (docs/benchmarks.md, "Serving", says which runs set it).
 DEFAULT_MIN_COSINE = 0.97
 
 

@@ -138,11 +138,12 @@ def upcycle(options: UpcycleOptions) -> Path:
 
     The base is opened first (a missing one is reported before anything about the output), then the
     output checked, then the model built, checked against the dense model and written atomically."""
-    from convert.builders import write_upcycled
     from moe_embed.folders import bundled_minilm_path, check_output, locate
 
     source = Path(bundled_minilm_path()) if options.base is None else locate(options.base)
     output = check_output(options.output, (source,), options.overwrite)
+    from convert.builders import write_upcycled  # the model code: imported once the inputs are known good
+
     return write_upcycled(options, source, output)
 
 

@@ -187,10 +187,10 @@ def save_adapter_folder(model, save_directory, base: str) -> None:
         handle.write("\n")
     tensors = {ADAPTER_KEY_PREFIX + name: t.detach().contiguous() for name, t in adapter_state_dict(model).items()}
     save_file(tensors, os.path.join(save_directory, ADAPTER_WEIGHTS_NAME), metadata={"format": "pt"})
-    write_sentence_transformers_files(model, save_directory)
+    write_adapter_module_files(model, save_directory)
 
 
-def write_sentence_transformers_files(model, save_directory: str) -> None:
+def write_adapter_module_files(model, save_directory: str) -> None:
     """Make an adapter-only folder load with `SentenceTransformer(DIR, trust_remote_code=True)`.
 
     sentence-transformers reads an `adapter_config.json` as a peft adapter (and fails on this adapter type)
@@ -238,5 +238,5 @@ __all__ = [
     "read_adapter_config",
     "resolve_base",
     "save_adapter_folder",
-    "write_sentence_transformers_files",
+    "write_adapter_module_files",
 ]

@@ -1,7 +1,7 @@
 """What a saved model folder of each type holds besides its weights, and the names the files in saved
 folders share: one copy of each, read by the converters, the model code and the model cards.
 
-This file is copied into every saved model folder (it is in every entry of `FOLDER_FILES`).
+This file is copied into the folders whose code imports it (CoMoE's), beside `comoe_adapter.py`.
 """
 
 # adapter-only CoMoE folders: peft's file names, and the adapter type written into adapter_config.json

@@ -287,6 +287,7 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
         if missing:
             raise ValueError(f"the base model {base!r} lacks weights the adapter needs: {missing[:5]}")
         load_adapter_weights(model, cached_file(pretrained_model_name_or_path, ADAPTER_WEIGHTS_NAME, **hub_kwargs))
+        model.config.base_model_name_or_path = base  # as resolved here: a later save names it from its own folder
         model.freeze_base()
         return (model, info) if want_info else model
 

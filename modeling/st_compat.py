@@ -5,8 +5,8 @@ module settings that 5.x does not know (`transformer_task`, `modality_config`, `
 5.x puts the prompt into the texts itself, calls `tokenize(texts, task=...)`, and its `Transformer`
 takes only its own arguments. This file is copied into saved model folders beside the modules.
 
-Every shim that depends on the sentence-transformers version is here; it can go when folders no longer
-need to load on 5.x (see docs/architecture.md, "Versions and shims").
+The sentence-transformers version is told apart here, once; docs/architecture.md, "Versions and shims", lists
+every shim that depends on it (here, in the modules' `tokenize` and in `st_folder.py`) and when each can go.
 """
 
 import inspect

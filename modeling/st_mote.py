@@ -13,6 +13,11 @@ import torch
 
 # transformers 4.x copies only the direct relative imports of a module file into its module cache, so every
 # sibling this file needs, directly or not, is imported here by name.
+from .compat import is_exporting  # noqa: F401
+from .configuration_encoder import EncoderConfig  # noqa: F401
+from .configuration_mote import MoteBertConfig  # noqa: F401
+from .defaults import DEFAULT_TASK  # noqa: F401
+from .modeling_encoder import EncoderLayer  # noqa: F401
 from .modeling_mote import route_rows
 from .st_compat import Transformer, init_kwargs, tokenize_texts
 
@@ -99,8 +104,9 @@ class MoteTransformer(Transformer):
         routed = [self.route(text, prompt, task) for prompt, text in rows]
         features = tokenize_texts(self, [text for text, _ in routed], task=task, **kwargs)
         candidates = torch.tensor([ids for _, ids in routed], dtype=torch.long).reshape(len(routed), 3)
-        default = config.tasks.index(config.default_task) if config.default_task else -1
-        features["task_ids"] = route_rows(*candidates.unbind(dim=1), default=default)
+        task_ids = route_rows(*candidates.unbind(dim=1), default=config.default_task_index)
+        not_text = torch.tensor([not isinstance(text, str) for _, text in rows], dtype=torch.bool)
+        features["task_ids"] = task_ids.masked_fill(not_text, -1)  # the model reads their prefix, if any
         return features
 
     def preprocess(self, inputs, prompt: str | None = None, task: str | None = None, **kwargs) -> dict:

@@ -33,12 +33,14 @@ def cases(folder: Path, family: str) -> dict[str, list]:
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel, AutoTokenizer
 
+    # Sentence-Transformers first: it loads the folder's module file into an empty module cache, as a user's
+    # first load does (an AutoModel load before it would fill the cache with the model's files)
+    st = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
     tokenizer = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
     model = AutoModel.from_pretrained(str(folder), trust_remote_code=True).eval()
     prefixed = ["search_query: " + TEXTS[0], "clustering: " + TEXTS[1]] if family == "mote" else TEXTS
     with torch.no_grad():
         hidden = model(**tokenizer(prefixed, padding=True, return_tensors="pt")).last_hidden_state
-    st = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
     out = {"automodel": hidden.tolist(), "encode": st.encode(TEXTS).tolist()}
     if family == "mote":
         out["task=clustering"] = st.encode(TEXTS, task="clustering").tolist()

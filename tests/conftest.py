@@ -47,7 +47,7 @@ FIXTURE_DATA = REPO / "tests" / "data"
 
 
 def shared_data_dir() -> Path | None:
-    """The real evaluation data, where `evaluation.data.data_dir(None)` finds it (`$MOE_EMBED_DATA`, else
+    """The real evaluation data, where `moe_embed.data.data_dir(None)` finds it (`$MOE_EMBED_DATA`, else
     `../shared/data` beside the repository); None where it is absent (a fresh clone)."""
     from moe_embed.data import data_dir
     from moe_embed.usage import UsageError

@@ -120,6 +120,14 @@ def test_adapter_and_its_base_moved_together_still_load(trained_folders, tmp_pat
     assert moved.keys() == reference.keys() and all(torch.equal(moved[k], reference[k]) for k in reference)
 
 
+def test_an_adapter_saved_again_from_elsewhere_still_names_its_base(trained_folders, tmp_path):
+    full, adapter = trained_folders
+    model = CoMoeBertModel.from_pretrained(str(adapter))
+    model.save_pretrained(tmp_path / "deeper" / "again", adapter_only=True)
+    named = json.loads((tmp_path / "deeper" / "again" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert (tmp_path / "deeper" / "again" / named).resolve() == (adapter.parent / "dense").resolve()
+
+
 def _tiny_dense_base(folder: Path, hidden: int) -> Path:
     """A dense BERT config of another shape with unreadable weights: only its config may be read."""
     from transformers import BertConfig

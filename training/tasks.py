@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from modeling.defaults import TASK_TYPE_EXPERTS
+
 
 @dataclass(frozen=True)
 class TaskType:
@@ -21,10 +23,15 @@ class TaskType:
     column_prompts: dict[str, str]  # column -> prompt name; "*" for the other columns
 
 
+# The column prompts name the MoTE task of each role (`TASK_TYPE_EXPERTS`, the one task-type table).
 TASK_TYPES = {
-    "retrieval": TaskType("homogeneous", 0.03, {"anchor": "query", "*": "document"}),
-    "classification": TaskType("heterogeneous", 0.03, {"*": "classification"}),
-    "clustering": TaskType("heterogeneous", 0.06, {"*": "clustering"}),
+    "retrieval": TaskType(
+        "homogeneous",
+        0.03,
+        {"anchor": TASK_TYPE_EXPERTS["retrieval_query"], "*": TASK_TYPE_EXPERTS["retrieval_document"]},
+    ),
+    "classification": TaskType("heterogeneous", 0.03, {"*": TASK_TYPE_EXPERTS["classification"]}),
+    "clustering": TaskType("heterogeneous", 0.06, {"*": TASK_TYPE_EXPERTS["clustering"]}),
 }
 
 
