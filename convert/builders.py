@@ -28,6 +28,7 @@ from modeling.compat import REQUIREMENTS
 from modeling.configuration_comoe import CoMoeBertConfig
 from modeling.configuration_moe import MoeBertConfig
 from modeling.configuration_mote import MoteBertConfig
+from modeling.defaults import sentence_transformers_prompts
 from modeling.manifest import FOLDER_FILES, ST_MODULES
 from modeling.modeling_comoe import CoMoeBertModel
 from modeling.modeling_moe import MoeBertModel
@@ -83,14 +84,6 @@ def make_config(config_cls, **kwargs):
         raise UsageError(str(error)) from None
 
 
-def with_passage(prompts: dict[str, str]) -> dict[str, str]:
-    """Sentence-Transformers prompts: the task prefixes, plus `passage` (ST's other name for documents)."""
-    prompts = dict(prompts)
-    if "document" in prompts:
-        prompts.setdefault("passage", prompts["document"])
-    return prompts
-
-
 def build_mote(options: UpcycleOptions, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
     """MoTE: one expert per task in `expert_layers`, routed per sequence by the task."""
     tasks = options.tasks
@@ -115,7 +108,7 @@ def build_mote(options: UpcycleOptions, dense_config: dict, dense_state: dict, t
     model = fill_model(MoteBertModel, config, dense_state, mote_rename(set(config.expert_layers), config.num_tasks))
     return Upcycled(
         model=model,
-        prompts=with_passage(tasks),
+        prompts=sentence_transformers_prompts(tasks),
         module_settings={"prepend_task_prefix": False} if options.prefix_routes_only else None,
     )
 
@@ -154,7 +147,9 @@ def build_moe(options: UpcycleOptions, dense_config: dict, dense_state: dict, to
     rename = moe_rename(set(config.moe_layers), config.num_local_experts, options.expert_noise, generator)
     model = fill_model(MoeBertModel, config, dense_state, rename, new_tensors=routers)
     return Upcycled(
-        model=model, prompts=with_passage(options.tasks), exact=config.norm_topk_prob and options.expert_noise == 0
+        model=model,
+        prompts=sentence_transformers_prompts(options.tasks),
+        exact=config.norm_topk_prob and options.expert_noise == 0,
     )
 
 
@@ -180,7 +175,7 @@ def build_comoe(options: UpcycleOptions, dense_config: dict, dense_state: dict, 
     keys = [key for name in config.adapted_linears() for key in comoe_adapter_keys(name).values()]
     adapters = initial_tensors(CoMoeBertModel, config, keys, options.seed)  # B = 0: the model starts as the base
     model = fill_model(CoMoeBertModel, config, dense_state, lambda key, tensor: [(key, tensor)], adapters)
-    return Upcycled(model=model, prompts=with_passage(options.tasks))
+    return Upcycled(model=model, prompts=sentence_transformers_prompts(options.tasks))
 
 
 BUILDERS = {"mote": build_mote, "moe": build_moe, "comoe": build_comoe}
@@ -260,4 +255,4 @@ def write_upcycled(options: UpcycleOptions, source: Path, output: Path) -> Path:
     return output
 
 
-__all__ = ["BUILDERS", "Upcycled", "write_upcycled", "with_passage", "verify_against_dense"]
+__all__ = ["BUILDERS", "Upcycled", "write_upcycled", "verify_against_dense"]

@@ -34,6 +34,33 @@ TASK_TYPE_EXPERTS = {
 # or a vector database call it): the expert of generic similarity, STS's.
 DEFAULT_TASK = TASK_TYPE_EXPERTS["sts"]
 
+# mteb's task types, as mteb names them, for the task types it encodes with no prompt type (mteb looks a prompt
+# up as `{TaskName}-{prompt_type}`, `{TaskName}`, `{TaskType}-{prompt_type}`, `{TaskType}`, `{prompt_type}`):
+# a saved folder's prompts carry these keys, so that `mteb.evaluate` routes each type to its expert with no
+# wrapper. Retrieval and reranking need none: mteb encodes them with the prompt types `query` and `document`.
+MTEB_TASK_TYPES = {
+    "STS": "sts",
+    "PairClassification": "pair_classification",
+    "Classification": "classification",
+    "MultilabelClassification": "classification",
+    "Clustering": "clustering",
+    "Summarization": "summarization",
+}
+
+
+def sentence_transformers_prompts(task_prefixes: dict[str, str]) -> dict[str, str]:
+    """The prompts of a saved MoTE folder: each task's prefix under its own name, `passage` (sentence-transformers'
+    other name for documents) and mteb's task types (`MTEB_TASK_TYPES`), each type the prefix of its expert."""
+    prompts = dict(task_prefixes)
+    if "document" in prompts:
+        prompts.setdefault("passage", prompts["document"])
+    for mteb_type, task_type in MTEB_TASK_TYPES.items():
+        expert = TASK_TYPE_EXPERTS[task_type]
+        if expert in task_prefixes:
+            prompts.setdefault(mteb_type, task_prefixes[expert])
+    return prompts
+
+
 # Other names of the default tasks: sentence-transformers' names for documents, and each prefix's own words.
 TASK_NAME_ALIASES = {
     "passage": "document",
@@ -87,6 +114,8 @@ __all__ = [
     "TASK_TYPE_EXPERTS",
     "DEFAULT_TASK",
     "TASK_NAME_ALIASES",
+    "MTEB_TASK_TYPES",
+    "sentence_transformers_prompts",
     "AEA_EMBEDDINGS",
     "AEA_ROUNDINGS",
     "MOE",

@@ -114,7 +114,7 @@ def test_task_export_keeps_only_its_task_prompts_and_is_tagged_as_one_task(mote_
     assert code == 0, err
     tags = ModelCard.load(tmp_path / "ea" / "README.md").data.tags
     assert "expert-averaging" in tags and "task-expert" not in tags
-    assert len(read_json(tmp_path / "ea" / "config_sentence_transformers.json")["prompts"]) == 5  # every prompt
+    assert len(read_json(tmp_path / "ea" / "config_sentence_transformers.json")["prompts"]) == 11  # every prompt
 
 
 @pytest.mark.slow

@@ -11,6 +11,13 @@ PROMPTS = {
     "passage": "search_document: ",
     "classification": "classification: ",
     "clustering": "clustering: ",
+    # mteb's task types that it encodes with no prompt type, each to the expert the MoTE paper maps it to
+    "STS": "classification: ",
+    "PairClassification": "classification: ",
+    "Classification": "classification: ",
+    "MultilabelClassification": "classification: ",
+    "Summarization": "classification: ",
+    "Clustering": "clustering: ",
 }
 
 
