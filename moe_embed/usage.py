@@ -77,6 +77,19 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.N
 _BARS_HIDDEN = False  # whether the quiet mode set HF_HUB_DISABLE_PROGRESS_BARS (and may take it back)
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler writing to the `sys.stderr` of each record's time (a caller, a test's capture, may replace the
+    stream after logging was set up, and close the old one)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # logging.StreamHandler.__init__ sets it; the property always answers sys.stderr
+        pass
+
+
 class _Quiet(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(ROUTINE_WARNINGS)
@@ -99,7 +112,7 @@ def set_verbosity(verbose: bool = False) -> None:
     root = logging.getLogger()
     handler = next((h for h in root.handlers if getattr(h, "_moe_embed", False)), None)
     if handler is None:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _Stderr()
         handler._moe_embed = True
         handler.setFormatter(_Format())
         root.addHandler(handler)
