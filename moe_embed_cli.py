@@ -23,7 +23,8 @@ SUBCOMMANDS = {
     "train": ("training.train", "main", "task-aware contrastive training (TA-CL) from a YAML config"),
     "mine": ("training.data_tools", "main_mine", "positive-aware hard-negative mining of JSONL pairs"),
     "filter": ("training.data_tools", "main_filter", "consistency filtering of JSONL pairs"),
-    "evaluate": ("evaluation.run", "main", "scores on the evaluation suite"),
+    "evaluate": ("evaluation.run", "main", "scores on the evaluation suite's MTEB tasks, by mteb"),
+    "data": ("moe_embed.data", "main", "download the Hub datasets of the suite and recipes for offline use; list them"),
     "intertask": ("evaluation.intertask", "main", "inter-task similarity of task embeddings (MoTE Fig. 3)"),
     "expert-usage": ("evaluation.expert_usage", "main", "routing shares and expert similarity per layer"),
 }

@@ -17,8 +17,9 @@ rounds that interleave the backends; the families run one after another, each fa
 before the next (every session keeps the memory of its largest batch). Each row's ratios are to PyTorch
 fp32 of the same family and to the dense model's same backend, same run.
 
-`--accuracy` adds STS-B test and SciFact (the suite's scores, `moe-embed evaluate`) of every family's fp32 and
-int8 graph through onnxruntime, fed as a client feeds them (`tokenizer.json` alone); it needs the data folder.
+`--accuracy` adds STS-B test and SciFact (the suite's scores, by mteb as `moe-embed evaluate` scores them) of
+every family's fp32 and int8 graph through onnxruntime, fed as a client feeds them (`tokenizer.json` alone;
+`benchmarks.onnx_encoder`); their data comes from `--data-dir`, else the Hub, and is read before any export.
 """
 
 from __future__ import annotations
@@ -115,43 +116,14 @@ def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
     return runs
 
 
-class OnnxEncoder:
-    """`encode` over an exported folder's graph through onnxruntime, fed as a client feeds it: what
-    `evaluation.run.evaluate` needs of a model (`encode`, `prompts`)."""
-
-    def __init__(self, folder: Path, file: str):
-        import json
-
-        from tokenizers import Tokenizer
-
-        from convert.onnx_graph import session
-
-        self.session = session(folder / file)
-        self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.prompts = json.loads((folder / "config_sentence_transformers.json").read_text()).get("prompts") or {}
-
-    class model_card_data:  # noqa: N801 - the evaluators record their metrics here; nothing to record
-        @staticmethod
-        def set_evaluation_metrics(*args, **kwargs):
-            pass
-
-    def encode(self, texts, prompt: str | None = "", batch_size: int = 32, convert_to_tensor=False, **_):
-        from convert.onnx_graph import embed
-
-        if isinstance(texts, str):
-            return self.encode([texts], prompt, batch_size, convert_to_tensor)[0]
-        out = embed(self.session, self.tokenizer, [(prompt or "") + t for t in texts], batch_size)
-        return torch.from_numpy(out) if convert_to_tensor else out
-
-    encode_query = encode_document = encode  # the evaluators pass the prompt (`moe-embed evaluate` chooses it)
-
-
-def int8_scores(folder: Path, root: Path, tasks: list[str]) -> dict[str, list[float]]:
-    """The suite's `tasks` of a folder's fp32 and int8 graph, fed as a client feeds them."""
-    from evaluation.run import TASKS, evaluate
+def int8_scores(folder: Path, tasks: dict) -> dict[str, list[float]]:
+    """The scores (0-100) of a folder's fp32 and int8 graph, fed as a client feeds them, on `tasks` (name ->
+    loaded mteb task, `evaluation.run.load_tasks`)."""
+    from benchmarks.onnx_encoder import OnnxEncoder
+    from evaluation.tasks import score
 
     return {
-        precision: [evaluate(OnnxEncoder(folder, file), TASKS[task], TASKS[task].load(root)) for task in tasks]
+        precision: [score(OnnxEncoder(folder, file), task) for task in tasks.values()]
         for precision, file in (("fp32", GRAPH_FILE), ("int8", INT8))
     }
 
@@ -161,13 +133,10 @@ def score_cells(scores: dict[str, list[float]]) -> str:
     return " | ".join(f"{a:.2f} | {b:.2f} | {b - a:+.2f}" for a, b in zip(scores["fp32"], scores["int8"], strict=True))
 
 
-def accuracy(folders: dict[str, Path], data_dir, tasks: list[str]):
-    """Table rows, one per family as it is scored: the suite's `tasks` of its fp32 and int8 graph."""
-    from moe_embed.data import data_dir as resolve
-
-    root = resolve(data_dir)
+def accuracy(folders: dict[str, Path], tasks: dict):
+    """Table rows, one per family as it is scored: the loaded suite `tasks` of its fp32 and int8 graph."""
     for family, folder in tqdm(folders.items(), desc="accuracy", unit="family"):
-        yield f"| {family} | {score_cells(int8_scores(folder, root, tasks))} |"
+        yield f"| {family} | {score_cells(int8_scores(folder, tasks))} |"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -186,6 +155,11 @@ def main(argv: list[str] | None = None) -> None:
         unknown = [v for v in value if v not in valid]
         if unknown:
             parser.error(f"unknown {option} {unknown}; expected names from {', '.join(valid)}")
+    tasks = {}
+    if args.accuracy:  # every task's data read before the long exports
+        from evaluation.run import load_tasks, select_tasks
+
+        tasks = load_tasks(select_tasks(args.accuracy_tasks), args.data_dir)
     shapes = prepare(args)
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
@@ -214,10 +188,9 @@ def main(argv: list[str] | None = None) -> None:
             best = max(others) / rate["torch"] if others and "torch" in rate else float("nan")
             print(f"| {family} | {batch_size} | {seq_len} | " + " | ".join(cells) + f" | {best:.2f} |")
         if args.accuracy:
-            tasks = args.accuracy_tasks.split(",")
             print("\n| family | " + " | ".join(f"{t} fp32 | {t} int8 | delta" for t in tasks) + " |")
             print("|---|" + "---:|" * (3 * len(tasks)))
-            for row in accuracy({f: folder for f, (folder, _) in built.items()}, args.data_dir, tasks):
+            for row in accuracy({f: folder for f, (folder, _) in built.items()}, tasks):
                 print(row, flush=True)
 
 

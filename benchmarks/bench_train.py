@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from pathlib import Path
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
+# the default rows: the SNLI triplets of the shared data folder beside the repository (its README describes them)
+SHARED_PAIRS = "training_pairs/snli_devtest_triplets.jsonl"
 
 TASK_STEPS = [
     ("retrieval", "query", "document", 0.03),
@@ -36,12 +39,23 @@ TASK_STEPS = [
 ]
 
 
+def default_pairs() -> Path:
+    """The shared SNLI triplets: in `$MOE_EMBED_SHARED`, else in `../shared/data` beside the repository."""
+    shared = Path(os.environ.get("MOE_EMBED_SHARED") or REPO.parent / "shared" / "data")
+    if not shared.is_dir():
+        raise UsageError(
+            f"no --pairs given and no shared data folder {shared} ($MOE_EMBED_SHARED, else ../shared/data beside "
+            "the repository); pass --pairs FILE.jsonl with anchor, positive and negative"
+        )
+    return shared / SHARED_PAIRS
+
+
 def load_rows(pairs: str | None, limit: int = 4096) -> list[dict]:
     """(anchor, positive, negative) rows of `pairs` (JSONL), by default the shared SNLI triplets."""
-    from moe_embed import data as D
+    from moe_embed.readers import read_jsonl
 
-    path = Path(pairs) if pairs else D.data_dir() / "training_pairs/snli_devtest_triplets.jsonl"
-    rows = D.read_jsonl(path)[:limit]
+    path = Path(pairs) if pairs else default_pairs()
+    rows = read_jsonl(path)[:limit]
     if not rows or any(not {"anchor", "positive", "negative"} <= set(row) for row in rows):
         raise UsageError(f"{path}: expected JSONL rows with anchor, positive and negative")
     return rows

@@ -6,7 +6,8 @@
 Each folder (MoTE, token MoE or CoMoE, trained or not) is exported by `moe-embed export --quantize int8`
 with no bound, so nothing is refused; each row gives the agreement the exporter measured (min and mean
 cosine of int8 to fp32 over `convert/agreement_texts.txt` with every prompt) beside the suite's scores of
-the fp32 and the int8 graph, fed as a client feeds them (`benchmarks/bench_serving.py`'s encoder). The
+the fp32 and the int8 graph, fed as a client feeds them (`benchmarks.onnx_encoder`) and scored by mteb as
+`moe-embed evaluate` scores them, on the data of `--data-dir` (else the Hub), read before the first export. The
 bound (`convert.export_onnx.DEFAULT_MIN_COSINE`) is meant to refuse the exports whose loss is large.
 """
 
@@ -18,8 +19,8 @@ from pathlib import Path
 from benchmarks.bench_serving import int8_scores, score_cells
 from convert.export_onnx import ExportOptions, export_onnx
 from convert.upcycle import UpcycleOptions, upcycle
-from evaluation.run import TASKS
-from moe_embed.data import DATA_DIR_HELP, data_dir
+from evaluation.run import TASKS, load_tasks
+from moe_embed.data import DATA_DIR_HELP
 from moe_embed.files import read_json
 from moe_embed.folders import EXPERT_MODELS, open_model_folder
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
@@ -39,9 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [task for task in tasks if task not in TASKS]
     if unknown:
         raise UsageError(f"unknown --tasks {unknown}; expected suite tasks from {', '.join(TASKS)}")
-    for folder in args.model_dirs:  # every folder before the first long export, as the exporter checks it
+    for folder in args.model_dirs:  # every folder and dataset before the first long export
         open_model_folder(folder, EXPERT_MODELS)
-    root = data_dir(args.data_dir)
+    loaded = load_tasks(tasks, args.data_dir)
     print("| model | min cos | mean cos | " + " | ".join(f"{t} fp32 | {t} int8 | delta" for t in tasks) + " |")
     print("|---|---:|---:|" + "---:|" * (3 * len(tasks)), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
             export_onnx(ExportOptions(model_dir=folder, output=out, quantize="int8", int8_min_cosine=1e-9))
             agreement = read_json(out / "onnx_config.json")["int8"]
             name = Path(folder).name if args.model_dirs else "bundled MiniLM as MoTE"
-            cells = score_cells(int8_scores(out, root, tasks))
+            cells = score_cells(int8_scores(out, loaded))
             print(f"| {name} | {agreement['min_cosine']:.4f} | {agreement['mean_cosine']:.4f} | {cells} |", flush=True)
 
 

@@ -6,8 +6,9 @@
 The bundled MiniLM is upcycled to MoTE and exported routed (`moe-embed export`); each setting
 (weight type, per-channel, reduce_range, operators) is applied by `onnxruntime.quantization.quantize_dynamic`
 and scored by the cosine of each row's int8 embedding to the fp32 graph's, over STS-B dev sentences (half
-of them with the query prefix, so two experts are used). It prints min and mean cosine per setting; no
-timings (they belong in a benchmark that interleaves rounds).
+of them with the query prefix, so two experts are used; mteb/stsbenchmark-sts's validation split, from
+`--data-dir`, else the Hub). It prints min and mean cosine per setting; no timings (they belong in a
+benchmark that interleaves rounds).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from convert.export_onnx import ExportOptions, export_onnx
 from convert.onnx_graph import embed, session
 from convert.onnx_int8 import quantize, row_cosines
 from convert.upcycle import UpcycleOptions, upcycle
-from moe_embed.data import DATA_DIR_HELP, data_dir, sts_pairs
+from moe_embed.data import DATA_DIR_HELP, data_dir, load
 from moe_embed.usage import command_parser, parse, run_cli
 
 SETTINGS = [  # (weights, per_channel, reduce_range, operators)
@@ -39,14 +40,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(parser, argv)
     from tokenizers import Tokenizer
 
-    pairs = sts_pairs(data_dir(args.data_dir) / "sts/stsb", ["dev.tsv"])
+    rows = load("mteb/stsbenchmark-sts", None, "validation", folder=data_dir(args.data_dir), purpose="int8 settings")
+    pairs = rows[: args.texts]  # column -> the first --texts values
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         upcycle(UpcycleOptions(output=work / "mote"))
         export_onnx(ExportOptions(model_dir=work / "mote", output=work / "onnx"))
         fp32 = work / "onnx" / "onnx" / "model.onnx"
         tokenizer = Tokenizer.from_file(str(work / "onnx" / "tokenizer.json"))  # as a client tokenises
-        texts = pairs.sentences1[: args.texts] + ["search_query: " + text for text in pairs.sentences2[: args.texts]]
+        texts = pairs["sentence1"] + ["search_query: " + text for text in pairs["sentence2"]]
         reference = embed(session(fp32), tokenizer, texts, batch_size=64)
         print("| weights | per-channel | reduce_range | ops | min cos | mean cos |\n|---|---|---|---|---:|---:|")
         for weights, per_channel, reduce_range, operators in SETTINGS:

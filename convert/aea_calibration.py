@@ -61,14 +61,12 @@ def default_template(source: Path, causal: bool) -> str:
 
 
 def sts_dev(data: str | None):
-    """The STS-B dev pairs of the data folder: `(sentences1, sentences2, scores)`."""
-    from moe_embed.data import data_dir, sts_pairs
+    """The STS-B dev pairs (mteb/stsbenchmark-sts, validation; the data folder's copy, else the Hub):
+    `(sentences1, sentences2, scores)`."""
+    from moe_embed.data import data_dir, load
 
-    root = data_dir(data) / "sts" / "stsb"
-    if not (root / "dev.tsv").is_file():
-        raise UsageError(f"{root / 'dev.tsv'} not found: pass --data-dir DIR or --calibration FILE")
-    pairs = sts_pairs(root, ["dev.tsv"])
-    return pairs.sentences1, pairs.sentences2, pairs.scores
+    rows = load("mteb/stsbenchmark-sts", None, "validation", folder=data_dir(data), purpose="AEA calibration")
+    return list(rows["sentence1"]), list(rows["sentence2"]), [float(score) for score in rows["score"]]
 
 
 def batches(tokenizer, texts: list[str], template: str, batch_size: int, max_length: int):

@@ -86,8 +86,8 @@ def calibrate(options: CalibrateOptions) -> Path:
     """Check every input (the model folder, the output, the calibration texts and the data they default to),
     then measure, choose the allocation and write the folder; returns its path."""
     from convert.aea_calibration import run_calibration, sts_dev
-    from moe_embed.data import read_texts
     from moe_embed.folders import check_output, open_model_folder
+    from moe_embed.readers import read_texts
 
     folder = open_model_folder(options.model)
     output = check_output(options.output, (folder.path,), options.overwrite)

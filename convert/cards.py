@@ -9,6 +9,7 @@ from pathlib import Path
 from convert.layout import is_comoe_expert_key, parse_moe_key, parse_mote_key
 from modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS
 from moe_embed.files import read_json
+from moe_embed.usage import UsageError
 
 HUB_CARDS_DIR = Path(__file__).resolve().parent.parent / "hub_cards"
 
@@ -152,3 +153,38 @@ def build_card(
         total_params=f"{total / 1e6:.1f}M",
         active_params=f"{active / 1e6:.1f}M",
     )
+
+
+RESULT_FIELDS = ("main_score", "metric", "type", "hf_task_type", "dataset", "revision", "subset", "split")
+
+
+def eval_results(results: dict, source: str = "results") -> list:
+    """`moe-embed evaluate --output`'s scores as the model card's `model-index` entries (`EvalResult`s, one per
+    task, as mteb's own `TaskResult.get_hf_eval_results` writes them: scores 0-1, source MTEB), which the Hub
+    shows on the model page and its leaderboards read."""
+    from huggingface_hub import EvalResult
+
+    entries = []
+    for name, result in results.items():
+        missing = [key for key in RESULT_FIELDS if not isinstance(result, dict) or key not in result]
+        if missing:
+            raise UsageError(
+                f"{source}: task {name!r} lacks {missing}; expected the JSON `moe-embed evaluate --output` writes"
+            )
+        entries.append(
+            EvalResult(
+                task_type=result["hf_task_type"],
+                task_name=result["type"],
+                dataset_type=result["dataset"],
+                dataset_name=f"{name} ({result['subset']})",
+                dataset_config=result["subset"],
+                dataset_split=result["split"],
+                dataset_revision=result["revision"],
+                metric_type=result["metric"],
+                metric_name=result["metric"],
+                metric_value=round(result["main_score"] / 100, 6),
+                source_name="MTEB",
+                source_url="https://github.com/embeddings-benchmark/mteb/",
+            )
+        )
+    return entries

@@ -19,9 +19,9 @@ from convert.checkpoint import ENCODER_FIELDS, copy_tokenizer_files, load_tokeni
 from convert.layout import DENSE_ARCHITECTURES, parse_moe_key, parse_mote_key, position_offset
 from modeling.manifest import FAMILY_TAGS, MERGE_TAGS
 from modeling.st_folder import write_sentence_transformers_files
-from moe_embed.data import read_texts
 from moe_embed.files import atomic_output_dir, read_json
 from moe_embed.folders import ModelFolder
+from moe_embed.readers import read_texts
 from moe_embed.usage import UsageError
 
 if TYPE_CHECKING:

@@ -81,15 +81,21 @@ def validate(folder: Path, offline: bool = True) -> None:
         raise UsageError(f"{folder} failed validation (load and forward pass in a fresh process): {last}")
 
 
-def refreshed_card(folder: Path, repo_id: str) -> str:
-    """The folder's model card with Hub metadata ensured and usage snippets naming `repo_id`."""
+def refreshed_card(folder: Path, repo_id: str, results: dict | None = None) -> str:
+    """The folder's model card with Hub metadata ensured, usage snippets naming `repo_id` and, given `results`
+    (`moe-embed evaluate --output`), their scores as its `model-index`."""
     from huggingface_hub import ModelCard
 
     from convert.cards import PLACEHOLDER_OWNER, build_card
 
+    card = ModelCard.load(folder / "README.md") if (folder / "README.md").is_file() else build_card(folder, repo_id)
+    if results:
+        from convert.cards import eval_results
+
+        card.data.model_name = repo_id.split("/")[-1]
+        card.data.eval_results = eval_results(results)
     if not (folder / "README.md").is_file():
-        return str(build_card(folder, repo_id))
-    card = ModelCard.load(folder / "README.md")
+        return str(card)
     model_type = read_json(folder / "config.json").get("model_type")
     card.data.library_name = card.data.library_name or "sentence-transformers"
     card.data.pipeline_tag = card.data.pipeline_tag or "sentence-similarity"
@@ -133,6 +139,22 @@ def adapter_files_naming(folder: Path, base_model_id: str | None) -> tuple[dict[
     return rewritten, not local  # the local folder's own files still name the local base
 
 
+def read_results(path) -> dict:
+    """The JSON `moe-embed evaluate --output` wrote, checked entry by entry."""
+    from convert.cards import eval_results
+
+    try:
+        results = read_json(path)
+    except FileNotFoundError:
+        raise UsageError(f"--results file {path} not found") from None
+    except ValueError as error:
+        raise UsageError(f"--results file {path} is not JSON: {error}") from None
+    if not isinstance(results, dict) or not results:
+        raise UsageError(f"--results file {path}: expected the scores `moe-embed evaluate --output` writes")
+    eval_results(results, source=f"--results file {path}")  # every entry complete, before validating the model
+    return results
+
+
 @dataclass
 class PushOptions:
     """What `push` publishes: the command line's options by their Python names (`moe-embed push --help`)."""
@@ -143,6 +165,7 @@ class PushOptions:
     revision: str | None = None  # branch to commit to (created if missing); default main
     commit_message: str = "Upload model with moe-embed"
     base_model_id: str | None = None  # adapter-only folders: the Hub id of the base the upload names
+    results: str | Path | None = None  # `moe-embed evaluate --output` JSON: its scores go into the card
 
     def __post_init__(self):
         if self.repo_id.count("/") != 1 or not all(self.repo_id.split("/")):
@@ -154,6 +177,7 @@ def push(options: PushOptions) -> str:
     from huggingface_hub import CommitOperationAdd, HfApi
 
     folder = open_model_folder(options.model_dir, fetch=False).path
+    results = read_results(options.results) if options.results else None
     rewritten, hub_base = adapter_files_naming(folder, options.base_model_id)
     logger.info("validating %s", folder)
     validate(folder, offline=not hub_base)
@@ -165,7 +189,7 @@ def push(options: PushOptions) -> str:
         for path in files_to_upload(folder)
         if path.relative_to(folder).as_posix() != "README.md"
     ]
-    card = refreshed_card(folder, options.repo_id).encode()
+    card = refreshed_card(folder, options.repo_id, results).encode()
     operations.append(CommitOperationAdd(path_in_repo="README.md", path_or_fileobj=card))
     api = HfApi()
     try:
@@ -193,6 +217,10 @@ def build_parser(prog: str | None = None):
     parser.add_argument(
         "--base-model-id",
         help="adapter-only folders: the Hub id of the base model, named in the uploaded adapter_config.json",
+    )
+    parser.add_argument(
+        "--results",
+        help="scores of `moe-embed evaluate --output FILE` to publish in the card's model-index (as mteb writes them)",
     )
     return parser
 

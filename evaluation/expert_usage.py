@@ -3,9 +3,9 @@
     python -m evaluation.expert_usage models/comoe-minilm --tasks STSBenchmark,Banking77Classification \\
         --output usage.json --plot usage.png
 
-For each task, up to `--max-texts` of its texts (drawn with `--seed`; retrieval: queries and documents
-in equal parts, each with its prompt; other tasks: the prompt `evaluation.run` gives their type) go
-through the model, and per layer it reports
+For each task, up to `--max-texts` of its evaluation texts (drawn with `--seed`; retrieval: queries and
+documents in equal parts, with the prompts `query` and `document`; other tasks: the model's prompt named by
+the task's mteb type, as mteb picks it) go through the model, and per layer it reports
 
 - the **share of routing slots** each expert received: every non-padding token sends `k` slots at
   each routed site (a CoMoE linear, or a MoE layer's FFN), counted over the sites of the layer,
@@ -27,8 +27,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.run import Task, prompt_for, select_tasks
-from moe_embed import data as D
+from evaluation.run import load_tasks, select_tasks
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.folders import load_sentence_transformer
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
@@ -92,19 +91,33 @@ def mean_pairwise_cosine(outputs):
     return cosines[:, pairs[0], pairs[1]].mean(dim=1).sum().item(), int(defined.sum())
 
 
-def task_texts(task: Task, root: Path, model, max_texts: int, seed: int) -> list[str]:
-    """Up to `max_texts` of the task's texts with the prompts `evaluation.run` uses for them."""
-    data = task.load(root)
-    rng = random.Random(seed)
-    if task.type == "retrieval":
-        query, document = prompt_for(model, "retrieval", "query"), prompt_for(model, "retrieval", "document")
-        queries, documents = list(data.queries.values()), list(data.corpus.values())
-        half = max_texts // 2
-        return [query + t for t in rng.sample(queries, min(half, len(queries)))] + [
-            document + t for t in rng.sample(documents, min(max_texts - half, len(documents)))
+# the columns of mteb's task data that hold the texts to embed (a value may be a list of texts: clustering)
+TEXT_COLUMNS = ("text", "sentence", "sentence1", "sentence2", "sentences")
+
+
+def task_texts(task, model, max_texts: int, seed: int) -> list[str]:
+    """Up to `max_texts` of the loaded mteb `task`'s evaluation texts, with the prompts mteb gives them."""
+    split = task.metadata.eval_splits[0]
+    data = task.dataset[split] if split in task.dataset else task.dataset[next(iter(task.dataset))][split]
+    prompts, rng = model.prompts or {}, random.Random(seed)
+    if isinstance(data, dict):  # retrieval: queries and documents, each half of the draw
+        queries = list(data["queries"]["text"])
+        documents = [
+            f"{title} {text}".strip()
+            for title, text in zip(data["corpus"]["title"], data["corpus"]["text"], strict=False)
         ]
-    texts = data.sentences1 + data.sentences2 if task.type in ("sts", "pair_classification") else data.test_texts
-    prompt = prompt_for(model, task.type)
+        half = max_texts // 2
+        return [prompts.get("query", "") + t for t in rng.sample(queries, min(half, len(queries)))] + [
+            prompts.get("document", "") + t for t in rng.sample(documents, min(max_texts - half, len(documents)))
+        ]
+    texts = [
+        text
+        for column in TEXT_COLUMNS
+        if column in data.column_names
+        for value in data[column]
+        for text in (value if isinstance(value, list) else [value])
+    ]
+    prompt = prompts.get(task.metadata.type, "")
     return [prompt + t for t in rng.sample(texts, min(max_texts, len(texts)))]
 
 
@@ -234,22 +247,20 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     args = parse(parser, argv)
     if args.max_texts < 1 or args.batch_size < 1:
         parser.error("--max-texts and --batch-size must be positive integers")
-    tasks = select_tasks(args.tasks)
-    root = D.data_dir(args.data_dir)
+    names = select_tasks(args.tasks)
     if args.plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise UsageError("--plot needs matplotlib: pip install -e '.[analysis]'") from None
 
+    tasks = load_tasks(names, args.data_dir)  # every dataset read before the model
     model = load_sentence_transformer(args.model, trust_remote_code=True)  # it reads this package's routers
-    routed_sites(model[0].auto_model)  # a clear error before any text is read
+    routed_sites(model[0].auto_model)  # a clear error before any text is embedded
     usage = {}
-    for task in tasks:
-        usage[task.name] = expert_usage(
-            model, task_texts(task, root, model, args.max_texts, args.seed), args.batch_size
-        )
-        print(f"\n{task.name}\n\n{table(usage[task.name])}", flush=True)
+    for name, task in tasks.items():
+        usage[name] = expert_usage(model, task_texts(task, model, args.max_texts, args.seed), args.batch_size)
+        print(f"\n{name}\n\n{table(usage[name])}", flush=True)
     if args.output:
         Path(args.output).write_text(json.dumps(usage, indent=2) + "\n")
     if args.plot:

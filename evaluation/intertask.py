@@ -121,9 +121,11 @@ def format_p(p: float) -> str:
     return f"{p:.2g}" if p > 0 else "< 1e-300"
 
 
-def default_texts(root: Path, count: int, seed: int) -> list[str]:
-    corpus = D.read_jsonl(root / "retrieval/scifact/corpus.jsonl")
-    return [f"{d.get('title', '')} {d['text']}".strip() for d in random.Random(seed).sample(corpus, count)]
+def default_texts(data_dir: str | None, count: int, seed: int) -> list[str]:
+    """`count` SciFact documents (mteb/scifact's corpus), drawn with `seed`."""
+    corpus = D.load("mteb/scifact", "corpus", "corpus", folder=D.data_dir(data_dir), purpose="the default texts")
+    documents = [f"{title} {text}".strip() for title, text in zip(corpus["title"], corpus["text"], strict=False)]
+    return random.Random(seed).sample(documents, min(count, len(documents)))
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict]:
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict]:
         except FileNotFoundError:
             raise UsageError(f"texts file {args.texts} not found") from None
     else:
-        texts = default_texts(D.data_dir(args.data_dir), args.count, args.seed)
+        texts = default_texts(args.data_dir, args.count, args.seed)
     if len(texts) < 3:
         raise UsageError(f"need at least 3 texts for the t-tests, got {len(texts)}")
     models = [load_sentence_transformer(m, trust_remote_code=args.trust_remote_code) for m in args.models]

@@ -18,11 +18,13 @@ own prompt (the `classification: ` prefix) and mean pooling:
 
 Each variant gets its own α (0..10) and exit layer (3..6) by Spearman correlation on the STS-B dev
 pairs, as `moe-embed calibrate-aea --search` chooses them, and is then scored on STS-B test and
-SICK-R (`moe-embed evaluate`'s pairs: cosine Spearman x 100). The search is run in process with the
+SICK-R (the pairs `moe-embed evaluate` scores: cosine Spearman x 100). The search is run in process with the
 converter's functions (one forward per distinct allocation serves the three embeddings); on seed 0
 the `aea` variant is also written by the converter and scored through `moe-embed evaluate` to check the
 saved folder against the in-process number. The homogeneity per layer is reported before and after
-training. Finished steps are skipped; results go to `OUTPUT/aea/*.json` and `OUTPUT/report.md`.
+training. Training reads `../shared/data`; the STS pairs come from its Hub-layout copies in
+`OUTPUT/hubdata` (`experiments.common.hub_data`). Finished steps are skipped; results go to
+`OUTPUT/aea/*.json` and `OUTPUT/report.md`.
 """
 
 from __future__ import annotations
@@ -34,9 +36,8 @@ from pathlib import Path
 
 import yaml
 
-from evaluation.run import TASKS
 from experiments import prepare_data
-from experiments.common import TRAINING, evaluate, moe_embed, run, summary
+from experiments.common import TRAINING, evaluate, hub_data, moe_embed, run, shared_data, summary
 from moe_embed.folders import bundled_minilm_path
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
@@ -81,9 +82,14 @@ def train(out: Path, seed: int, tasks: dict) -> tuple[Path, Path]:
     return base, folder
 
 
-def pairs_of(task: str) -> tuple[list[str], list[str], list[float]]:
-    data = TASKS[task].load(prepare_data.D.data_dir())
-    return data.sentences1, data.sentences2, data.scores
+def pairs_of(task: str, folder: Path | None) -> tuple[list[str], list[str], list[float]]:
+    """The test pairs of the STS task `task` (`TEST_TASKS`) as `(sentences1, sentences2, scores)`: its Hub
+    dataset's test split, from the data folder `folder`'s copy (None: the Hub)."""
+    from evaluation.tasks import get_task, repo_of
+    from moe_embed.data import load
+
+    rows = load(repo_of(get_task(task)), None, "test", folder=folder, purpose=task)
+    return list(rows["sentence1"]), list(rows["sentence2"]), [float(score) for score in rows["score"]]
 
 
 def evaluate_seed(out: Path, seed: int, base: Path, folder: Path) -> dict:
@@ -97,7 +103,8 @@ def evaluate_seed(out: Path, seed: int, base: Path, folder: Path) -> dict:
     path = out / "aea" / f"s{seed}.json"
     if path.exists():
         return json.loads(path.read_text())
-    sets = {"dev": C.sts_dev(None), **{task: pairs_of(task) for task in TEST_TASKS}}
+    data = hub_data(out)
+    sets = {"dev": C.sts_dev(str(data)), **{task: pairs_of(task, data) for task in TEST_TASKS}}
     texts = {name: list(dict.fromkeys(pairs[0] + pairs[1])) for name, pairs in sets.items()}
     index = {name: {text: i for i, text in enumerate(unique)} for name, unique in texts.items()}
     template = C.default_template(folder, causal=False)
@@ -158,6 +165,7 @@ def check_folder(out: Path, folder: Path, seed: int) -> dict:
     target = out / "folders" / f"aea-s{seed}"
     if not (target / "aea_config.json").exists():
         command = moe_embed("calibrate-aea", str(folder), "--output", str(target), "--search", "--overwrite")
+        command += ["--data-dir", str(hub_data(out))]  # the STS-B dev pairs it searches on
         run(command, out / "logs" / f"calibrate-aea-s{seed}.log")
     return evaluate(out, f"folder-aea-s{seed}", str(target), ",".join(TEST_TASKS))
 
@@ -225,7 +233,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> str:
         parser.error(f"--seeds expects comma-separated integers, got {args.seeds!r}")
     out = Path(args.output).resolve()
     if not args.report_only:
-        tasks = prepare_data.write(prepare_data.build(prepare_data.D.data_dir()), out / "data", negatives=False)
+        tasks = prepare_data.write(prepare_data.build(shared_data()), out / "data", negatives=False)
         for seed in seeds:  # seed by seed, so that a partial run already reports
             if saved(out, seed, checked=seed == seeds[0]) and not args.train_only:
                 continue  # results saved (e.g. copied from experiments/results/aea): no need for the models

@@ -1,10 +1,16 @@
-"""What the experiments share: running a command of this package in a fresh process with its log, the
-training data and base models they start from, their evaluation (each result cached in `OUTPUT/results/`,
-so an interrupted experiment resumes) and the report (mean ± sd over seeds, per-seed differences).
+"""What the experiments share: running a command of this package in a fresh process with its log, their
+data, the base models they start from, their evaluation (each result cached in `OUTPUT/results/`, so an
+interrupted experiment resumes) and the report (mean ± sd over seeds, per-seed differences).
+
+The experiments are research scripts beside `../shared/data` (`$MOE_EMBED_SHARED`; its README describes the
+layout): they train on its files, read where they lie, and evaluate on local copies of the suite's Hub
+datasets written from it once per output folder (`OUTPUT/hubdata`, by `experiments.shared_to_hub`), which
+`moe-embed evaluate --data-dir` reads.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -14,12 +20,20 @@ import sys
 import time
 from pathlib import Path
 
-from evaluation.run import TASKS
-from experiments import prepare_data
+from evaluation.tasks import SUITE
+from experiments.shared_to_hub import SHARED_DATA, write_copies
 from moe_embed.folders import bundled_minilm_path
+from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
+SHARED_ENV = "MOE_EMBED_SHARED"
+# task names in result files written before the suite ran through mteb
+RENAMED_TASKS = {
+    "SST2Classification (local)": "SST2Classification",
+    "Banking77Clustering (local)": "Banking77Clustering",
+    "TRECClustering (local)": "TRECClustering",
+}
 
 # One epoch of (anchor, positive) pairs, inputs cut to 64 tokens: about 3 minutes a run on 2 CPU cores.
 TRAINING = {
@@ -31,6 +45,32 @@ TRAINING = {
     "save_steps": 0,
     "logging_steps": 16,
 }
+
+
+def shared_data(override: str | os.PathLike | None = None) -> Path:
+    """The shared data folder the experiments train on: `override` (`--shared`), else `$MOE_EMBED_SHARED`, else
+    `../shared/data` beside the repository; a one-line error where it is missing."""
+    path = Path(override or os.environ.get(SHARED_ENV) or SHARED_DATA)
+    if not path.is_dir():
+        origin = "--shared" if override else f"${SHARED_ENV}, else ../shared/data beside the repository"
+        raise UsageError(f"shared data folder {path} ({origin}) not found; the experiments train on its files")
+    return path
+
+
+@functools.cache
+def hub_data(out: Path) -> Path:
+    """`OUT/hubdata`: the suite's datasets as local Hub-layout copies written from the shared data folder (the
+    copies already there are kept), for `--data-dir`. Written once per process and output folder."""
+    folder = Path(out) / "hubdata"
+    written = write_copies(shared_data(), folder)
+    if written:
+        logger.info("wrote the Hub-layout copies of %s to %s", ", ".join(written), folder)
+    return folder
+
+
+def read_scores(path: Path) -> dict:
+    """A result file of `moe-embed evaluate` (task -> scores), older task names renamed to the suite's."""
+    return {RENAMED_TASKS.get(task, task): row for task, row in json.loads(Path(path).read_text()).items()}
 
 
 def moe_embed(*arguments: str) -> list[str]:
@@ -58,8 +98,10 @@ def run(command: list[str], log: Path) -> None:
 
 def prepare(out: Path) -> dict:
     """Training data, the upcycled MoTE and the dense model with MoTE's prompts; returns `tasks:`."""
-    tasks = prepare_data.write(prepare_data.build(prepare_data.D.data_dir()), out / "data", negatives=False)
     from convert.instruction_baseline import save_dense_with_prompts
+    from experiments import prepare_data
+
+    tasks = prepare_data.write(prepare_data.build(shared_data()), out / "data", negatives=False)
 
     if not (out / "mote-base" / "config.json").exists():
         run(
@@ -71,15 +113,21 @@ def prepare(out: Path) -> dict:
     return tasks
 
 
+def evaluate_command(model: str, tasks: str, result: Path, out: Path) -> list[str]:
+    """`moe-embed evaluate` of `model` on `tasks` into `result`, on the copies in `OUT/hubdata`."""
+    data = str(hub_data(out))
+    return moe_embed(
+        "evaluate", model, "--tasks", tasks, "--output", str(result), "--data-dir", data, "--trust-remote-code"
+    )
+
+
 def evaluate(out: Path, name: str, model: str, tasks: str) -> dict:
+    """The scores of `model` on `tasks` (comma-separated), from `OUT/results/NAME.json` when it exists."""
     result = out / "results" / f"{name}.json"
     if not result.exists():
         result.parent.mkdir(parents=True, exist_ok=True)
-        run(
-            moe_embed("evaluate", model, "--tasks", tasks, "--output", str(result), "--trust-remote-code"),
-            out / "logs" / f"eval-{name}.log",
-        )
-    return json.loads(result.read_text())
+        run(evaluate_command(model, tasks, result, out), out / "logs" / f"eval-{name}.log")
+    return read_scores(result)
 
 
 def summary(values: list[float], signed: bool = False) -> str:
@@ -91,9 +139,9 @@ def summary(values: list[float], signed: bool = False) -> str:
 
 
 def task_type_groups(task_names: list[str]) -> dict[str, list[str]]:
-    """The tasks of each task type, in order of first appearance."""
-    types = dict.fromkeys(TASKS[t].type for t in task_names)
-    return {kind: [t for t in task_names if TASKS[t].type == kind] for kind in types}
+    """The tasks of each task type (mteb's: STS, Retrieval, ...), in order of first appearance."""
+    types = dict.fromkeys(SUITE[t] for t in task_names)
+    return {kind: [t for t in task_names if SUITE[t] == kind] for kind in types}
 
 
 def scores(run: dict, task_names: list[str], groups: dict[str, list[str]] | None = None) -> dict[str, float]:
@@ -175,7 +223,7 @@ def saved_results(out: Path, runs: dict[str, dict[int, str]]) -> dict[str, dict[
     results = {}
     for model, names in runs.items():
         found = {
-            seed: json.loads(path.read_text())
+            seed: read_scores(path)
             for seed, name in names.items()
             if (path := out / "results" / f"{name}.json").exists()
         }

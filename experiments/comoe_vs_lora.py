@@ -15,8 +15,9 @@ it trains
 
 and, on `--sweep-seed` only, CoMoE with the other λ of `--sweep` (paper Figure 3; λ = 0 and 0.01
 are `moe-lora` and `comoe`). The learning rate is the paper's 2e-4 for every variant. It then
-evaluates every run and the untouched base on the suite (`moe-embed evaluate`, SciFact left out by
-default: one SciFact evaluation costs more than a training run here), writes the expert usage of
+evaluates every run and the untouched base on the suite (`moe-embed evaluate` on `OUTPUT/hubdata`, the
+Hub-layout copies of `../shared/data`; SciFact left out by default: one SciFact evaluation costs more
+than a training run here), writes the expert usage of
 MoE-LoRA and CoMoE (`evaluation.expert_usage`) and a report: the scores split into in-domain tasks
 (their train split is in the training data) and out-of-domain ones, trainable parameters, and
 per-seed differences to `--reference` (default `lora-r16`). As in `experiments.mote_vs_ic`,
@@ -33,9 +34,9 @@ from pathlib import Path
 import yaml
 
 from evaluation.run import TASKS, select_tasks
-from experiments.common import TRAINING, evaluate, moe_embed, prepare, run, saved_results, write_report
+from experiments.common import TRAINING, evaluate, hub_data, moe_embed, prepare, run, saved_results, write_report
 from moe_embed.folders import bundled_minilm_path
-from moe_embed.usage import command_parser, parse, run_cli
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 logger = logging.getLogger("experiment")
 VARIANTS = {
@@ -56,8 +57,8 @@ IN_DOMAIN = (
     "Banking77Classification",
     "EmotionClassification",
     "AmazonCounterfactualClassification",
-    "Banking77Clustering (local)",
-    "TRECClustering (local)",
+    "Banking77Clustering",
+    "TRECClustering",
 )
 DEFAULT_TASKS = [name for name in TASKS if name != "SciFact"]
 
@@ -126,11 +127,13 @@ def trainable_parameters(variant: str, base: Path) -> int:
 
 
 def expert_usage(out: Path, name: str, model: Path, tasks: str) -> None:
-    """`evaluation.expert_usage` of a routed run: `OUTPUT/usage/NAME.json` and `.png`."""
+    """`evaluation.expert_usage` of a routed run (on the texts of `OUTPUT/hubdata`): `OUTPUT/usage/NAME.json`
+    and `.png`."""
     result = out / "usage" / f"{name}.json"
     if not result.exists():
         result.parent.mkdir(parents=True, exist_ok=True)
         command = ["-m", "evaluation.expert_usage", str(model), "--tasks", tasks, "--output", str(result)]
+        command += ["--data-dir", str(hub_data(out))]
         run(command + ["--plot", str(result.with_suffix(".png"))], out / "logs" / f"usage-{name}.log")
 
 
@@ -152,9 +155,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> str:
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
         sweep = [f"comoe-l{float(x):g}" for x in args.sweep.split(",") if x.strip()]
-        task_names = [task.name for task in select_tasks(args.tasks)]
+        task_names = select_tasks(args.tasks)
         select_tasks(args.usage_tasks)
-    except ValueError as error:
+    except (ValueError, UsageError) as error:
         parser.error(str(error))
     if args.reference not in [*variants, *sweep]:
         parser.error(f"--reference must be one of the runs ({','.join([*variants, *sweep])}), got {args.reference!r}")

@@ -25,13 +25,15 @@ model by the training config itself (`arch: mote`):
 The untouched model is scored with and without the prompts. The suite is reported split into in-domain
 tasks (their train split is in the mix) and held-out ones (neither their splits nor their sources are),
 with each run's paired difference to the untouched model (no prompts), same seed for `ic`.
+Training reads the recipe's `{data}/` files from `../shared/data` (`$MOE_EMBED_SHARED`); its `hub:` datasets,
+the dev set and the evaluation read the Hub-layout copies of that folder in `OUTPUT/hubdata`
+(`experiments.common.hub_data`).
 Every step is skipped when its result exists, so a run resumes where it stopped, also in a later session
 when `--results` points at a committed folder.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -41,7 +43,7 @@ import yaml
 from convert.instruction_baseline import save_dense_with_prompts
 from convert.upcycle import UpcycleOptions, upcycle
 from evaluation.run import TASKS
-from experiments.common import moe_embed, report, run
+from experiments.common import evaluate_command, hub_data, moe_embed, read_scores, report, run, shared_data
 from moe_embed.folders import bundled_minilm_path
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
@@ -53,14 +55,14 @@ VARIANT_KEYS = ("arch", "upcycle", "trainable", "expert_learning_rate", "regular
 # suite tasks whose train split is in the recipe's data, and those kept entirely out of it: neither their
 # splits nor their sources (MRPC and the STS, SICK and TrecQA pairs of positive_pairs.jsonl are sources of
 # STS-B, SICK-R or the held-out sets no one here sees, so the recipe does not use them)
-IN_DOMAIN = ["SciFact", "AmazonCounterfactualClassification", "SST2Classification (local)", "TRECClustering (local)"]
+IN_DOMAIN = ["SciFact", "AmazonCounterfactualClassification", "SST2Classification", "TRECClustering"]
 HELD_OUT = [
     "STSBenchmark",
     "SICK-R",
     "TwitterURLCorpus",
     "Banking77Classification",
     "EmotionClassification",
-    "Banking77Clustering (local)",
+    "Banking77Clustering",
 ]
 RECOMMENDED = "route+experts+distill+dev+lr1e-4"
 DISTILL = {"kind": "distill", "weight": 1.0}
@@ -109,6 +111,35 @@ def recipe_base() -> dict:
     return {k: v for k, v in yaml.safe_load(RECIPE.read_text()).items() if k not in VARIANT_KEYS}
 
 
+def in_folder(tasks: dict, shared: Path) -> dict:
+    """The recipe's `tasks:` with its `{data}/` paths pointing into the shared data folder `shared`."""
+    return {
+        kind: [
+            {**spec, "path": str(shared / spec["path"].removeprefix("{data}/"))}
+            if str(spec.get("path", "")).startswith("{data}/")
+            else spec
+            for spec in specs
+        ]
+        for kind, specs in tasks.items()
+    }
+
+
+def config(out: Path, variant: str, seed: int) -> dict:
+    """The training config of one variant and seed: the recipe, the variant's settings, its `{data}/` files in the
+    shared data folder, its Hub datasets and dev set from the copies in `OUT/hubdata`."""
+    base = recipe_base()
+    return {
+        **base,
+        **VARIANTS[variant],
+        "tasks": in_folder(base["tasks"], shared_data()),
+        "data_dir": str(hub_data(out)),  # where the dev set (STS-B validation) and any hub: dataset are read
+        "seed": seed,
+        "output_dir": str(out / "runs" / f"{variant}-s{seed}"),
+        "overwrite_output_dir": True,  # a run that stopped half-way is redone
+        "model": str(out / "ic-base") if variant.startswith("ic") else bundled_minilm_path(),
+    }
+
+
 def prepare(out: Path) -> None:
     """The dense model with MoTE's prompts (the IC model, and the untouched model scored with prompts)."""
     if not (out / "ic-base" / "config.json").exists():
@@ -122,18 +153,9 @@ def train(out: Path, variant: str, seed: int, results: Path) -> Path:
     folder = out / "runs" / f"{variant}-s{seed}"
     if (folder / "config_sentence_transformers.json").exists():
         return folder
-    options = VARIANTS[variant]
-    config = {
-        **recipe_base(),
-        **options,
-        "seed": seed,
-        "output_dir": str(folder),
-        "overwrite_output_dir": True,  # a run that stopped half-way is redone
-        "model": str(out / "ic-base") if variant.startswith("ic") else bundled_minilm_path(),
-    }
     path = out / "configs" / f"{folder.name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.write_text(yaml.safe_dump(config(out, variant, seed), sort_keys=False))
     run(moe_embed("train", "--config", str(path)), out / "logs" / f"{folder.name}.log")
     if (folder / "dev_scores.json").exists():
         shutil.copy2(folder / "dev_scores.json", results / f"{folder.name}.dev.json")
@@ -144,11 +166,8 @@ def evaluate(out: Path, results: Path, name: str, model: str, tasks: list[str]) 
     """The suite scores of `model` (from `results/NAME.json` when it exists)."""
     path = results / f"{name}.json"
     if not path.exists():
-        run(
-            moe_embed("evaluate", model, "--tasks", ",".join(tasks), "--output", str(path), "--trust-remote-code"),
-            out / "logs" / f"eval-{name}.log",
-        )
-    return json.loads(path.read_text())
+        run(evaluate_command(model, ",".join(tasks), path, out), out / "logs" / f"eval-{name}.log")
+    return read_scores(path)
 
 
 def split_report(results: dict, tasks: list[str]) -> str:
@@ -175,7 +194,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> str:
         default=None,
         help=f"names from {','.join(VARIANTS)} (default: {','.join(DEFAULT_VARIANTS)}; with --report-only, all)",
     )
-    parser.add_argument("--tasks", default="all", help="suite tasks (evaluation.run names, or 'all')")
+    parser.add_argument("--tasks", default="all", help="suite tasks (evaluation.tasks.SUITE names, or 'all')")
     parser.add_argument("--report-only", action="store_true", help="write the report from existing scores only")
     args = parse(parser, argv)
     if args.variants is None:
@@ -207,14 +226,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> str:
                 found.setdefault(variant, {})[seed] = evaluate(out, results_dir, name, str(out / "runs" / name), tasks)
                 write(results_dir, found, tasks)
     found = {
-        label: {None: json.loads((results_dir / f"{name}.json").read_text())}
+        label: {None: read_scores(results_dir / f"{name}.json")}
         for label, name in BASELINES.items()
         if (results_dir / f"{name}.json").exists()
     }
     for variant in variants:
         for seed in seeds:
             if (results_dir / f"{variant}-s{seed}.json").exists():
-                found.setdefault(variant, {})[seed] = json.loads((results_dir / f"{variant}-s{seed}.json").read_text())
+                found.setdefault(variant, {})[seed] = read_scores(results_dir / f"{variant}-s{seed}.json")
     return write(results_dir, found, tasks)
 
 

@@ -10,12 +10,12 @@ seeds, it trains
 - `static`: MoTE with static training (one entry, heterogeneous batches, τ = 0.03);
 - `ea`: Expert Averaging of `mote` (`moe-embed merge`), a dense model;
 
-then evaluates them and the untouched base (`moe-embed evaluate`, no prompts) and writes a report
-(mean ± sample standard deviation over seeds, per task, per task type and on average) to
-`OUTPUT/report.md`. Every step is skipped when its output exists, so an interrupted run resumes;
-a run whose scores are in `OUTPUT/results/` is not retrained (`experiments/results/mote-vs-ic/results/` holds the
-scores reported in `docs/results.md`: copy them there to add seeds or variants without redoing
-the rest).
+then evaluates them and the untouched base (`moe-embed evaluate`, no prompts, on the Hub-layout copies of
+`../shared/data` in `OUTPUT/hubdata`) and writes a report (mean ± sample standard deviation over seeds, per
+task, per task type and on average) to `OUTPUT/report.md`. Every step is skipped when its output exists, so
+an interrupted run resumes; a run whose scores are in `OUTPUT/results/` is not retrained
+(`experiments/results/mote-vs-ic/results/` holds the scores reported in `docs/results.md`: copy them there to
+add seeds or variants without redoing the rest).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> str:
         parser.error(f"--reference must be one of the variants ({','.join(variants)}), got {args.reference!r}")
     try:
         seeds = [int(s) for s in args.seeds.split(",")]
-        task_names = [task.name for task in select_tasks(args.tasks)]
+        task_names = select_tasks(args.tasks)
     except (ValueError, UsageError) as error:
         parser.error(str(error))
     out = Path(args.output).resolve()

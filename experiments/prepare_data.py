@@ -2,6 +2,9 @@
 
     python -m experiments.prepare_data --output models/experiment/data [--seed 0] [--no-negatives]
 
+The shared folder is read in its own layout (`moe_embed.readers`), from `--shared`, else `$MOE_EMBED_SHARED`,
+else `../shared/data` beside the repository.
+
 Writes one JSONL file per dataset with `anchor`, `positive` and `negative` (every dataset gets a
 negative, so the static curriculum, which keeps the columns all entries share, would train on the
 same rows as TA-CL; `--no-negatives` writes pairs only, as the experiment runner does to halve
@@ -24,8 +27,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from moe_embed import data as D
-from moe_embed.data import DATA_DIR_HELP
+from experiments.common import shared_data
+from moe_embed import readers as R
 from moe_embed.usage import command_parser, parse, run_cli
 from training.data_tools import write_rows
 
@@ -79,17 +82,17 @@ def with_random_negatives(pairs: list[tuple[str, str]], pool: list[str], cap: in
 
 
 def build(root: Path, seed: int = 0) -> dict[str, list[dict]]:
-    """Rows per dataset name (see the module docstring)."""
+    """Rows per dataset name (see the module docstring), read from the shared data folder `root`."""
     rng = random.Random(seed)
     datasets = {}
-    scifact = D.beir(root / "retrieval/scifact", split="train")
-    queries = {q["_id"]: q["text"] for q in D.read_jsonl(root / "retrieval/scifact/queries.jsonl")}
+    scifact = R.beir(root / "retrieval/scifact", split="train")
+    queries = {q["_id"]: q["text"] for q in R.read_jsonl(root / "retrieval/scifact/queries.jsonl")}
     pairs = [(queries[q], scifact.corpus[d]) for q, docs in sorted(scifact.relevant.items()) for d in sorted(docs)]
     datasets["scifact"] = with_random_negatives(pairs, sorted(scifact.corpus.values()), CAPS["scifact"], rng)
-    snli = D.read_jsonl(root / "training_pairs/snli_devtest_triplets.jsonl")
+    snli = R.read_jsonl(root / "training_pairs/snli_devtest_triplets.jsonl")
     snli = rng.sample(snli, min(CAPS["snli"], len(snli)))
     datasets["snli"] = [{k: r[k] for k in ("anchor", "positive", "negative")} for r in snli]
-    positives = D.read_jsonl(root / "training_pairs/positive_pairs.jsonl")
+    positives = R.read_jsonl(root / "training_pairs/positive_pairs.jsonl")
     trecqa = [(r["anchor"], r["positive"]) for r in positives if r["source"].startswith("trecqa")]
     datasets["trecqa"] = with_random_negatives(trecqa, [p for _, p in trecqa], CAPS["trecqa"], rng)
     for name, train, label in [
@@ -98,7 +101,7 @@ def build(root: Path, seed: int = 0) -> dict[str, list[dict]]:
         ("amazon_counterfactual", "en_train.tsv", "label"),
         ("trec", "train.tsv", "fine_label"),
     ]:
-        texts = D.labelled_texts(
+        texts = R.labelled_texts(
             root / "classification" / name, None, train, label=label
         )  # the train split, read as "test"
         datasets[name] = same_label_rows(texts.test_texts, texts.test_labels, CAPS[name], rng)
@@ -124,11 +127,14 @@ def write(datasets: dict[str, list[dict]], output: Path, negatives: bool = True)
 def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     parser = command_parser(__doc__, prog)
     parser.add_argument("--output", required=True, help="folder for the JSONL files")
-    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    parser.add_argument(
+        "--shared",
+        help="the shared data folder (default: $MOE_EMBED_SHARED, else ../shared/data beside the repository)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
     parser.add_argument("--no-negatives", action="store_true", help="write (anchor, positive) pairs only")
     args = parse(parser, argv)
-    datasets = build(D.data_dir(args.data_dir), args.seed)
+    datasets = build(shared_data(args.shared), args.seed)
     tasks = write(datasets, Path(args.output), negatives=not args.no_negatives)
     for name, rows in datasets.items():
         print(f"{TASK_OF[name]:>14}  {name:<22} {len(rows):>5} rows")

@@ -6,8 +6,9 @@ that none of them imports another for plumbing.
 - `folders.py`: the folder contract: opening a model folder or Hub id (refused in one line before any
   work), checking an output, the bundled dense checkpoint, `load_sentence_transformer`.
 - `files.py`: JSON files and atomic writes (a folder or a file appears whole, or not at all).
-- `data.py`: where evaluation and training data come from (`--data-dir`, `$MOE_EMBED_DATA`,
-  `../shared/data`) and readers of its file formats.
+- `data.py`: Hub datasets, the one reader of them (`datasets.load_dataset`, from a data folder's local copy
+  or the Hub), `moe-embed data` (download for offline use, list) and the catalogue of what the package reads.
+- `readers.py`: readers of local files (TSV, JSONL, BEIR folders) for training configs' `path:` datasets.
 
 Every module here imports only the standard library at import time (heavy libraries inside the functions
 that need them), so a command's `--help` and argument errors answer at once. It imports nothing of this

@@ -41,34 +41,31 @@ os.environ["HF_HOME"] = _HF_HOME
 atexit.register(shutil.rmtree, _HF_HOME, True)
 
 
-# Tiny data in the layout of ../shared/data (tests/data/README.md says what and where from), for tests that
-# need data files but not the real numbers: pass it as --data-dir.
+# Tiny local copies of Hub datasets, in their repositories' layout (tests/data/README.md says what and where
+# from), for tests that need data but not the real numbers: pass it as --data-dir.
 FIXTURE_DATA = REPO / "tests" / "data"
-
-
-def shared_data_dir() -> Path | None:
-    """The real evaluation data, where `moe_embed.data.data_dir(None)` finds it (`$MOE_EMBED_DATA`, else
-    `../shared/data` beside the repository); None where it is absent (a fresh clone)."""
-    from moe_embed.data import data_dir
-    from moe_embed.usage import UsageError
-
-    try:
-        return data_dir(None)
-    except UsageError:
-        return None
-
+# The real evaluation data beside the repository (absent in a user's clone), in its own TSV layout.
+SHARED_DATA = Path(os.environ.get("MOE_EMBED_SHARED", REPO.parent / "shared" / "data"))
 
 # For checks that reproduce results from the real data (and only those): skipped, with the reason, where
 # the data is absent; CI runs them.
-requires_shared_data = pytest.mark.skipif(
-    shared_data_dir() is None, reason="needs ../shared/data (or MOE_EMBED_DATA); CI has it"
-)
+requires_shared_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="needs ../shared/data; CI has it")
 
 
 @pytest.fixture(scope="session")
 def fixture_data() -> Path:
     """The committed fixture data folder (tests/data), for `--data-dir`."""
     return FIXTURE_DATA
+
+
+@pytest.fixture(scope="session")
+def shared_hub_copies(tmp_path_factory) -> Path:
+    """../shared/data as Hub-layout copies (`experiments.shared_to_hub`), for `--data-dir`."""
+    from experiments.shared_to_hub import write_copies
+
+    folder = tmp_path_factory.mktemp("hubdata")
+    write_copies(SHARED_DATA, folder)
+    return folder
 
 
 @pytest.fixture(autouse=True)

@@ -79,6 +79,45 @@ def test_int8_accuracy_script_refuses_bad_input(tmp_path, capsys):
     assert "no config.json" in errors and "expected suite tasks" in errors
 
 
+def test_serving_accuracy_refuses_unknown_tasks_and_missing_data_before_exporting(monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for tasks, expected in (("NoSuchTask", "unknown tasks ['NoSuchTask']"), ("SICK-R", "mteb/sickr-sts")):
+        with pytest.raises(SystemExit) as exit_info:  # the fixtures hold no copy of SICK-R's dataset
+            args = ["--accuracy", "--accuracy-tasks", tasks, "--data-dir", str(FIXTURE_DATA)]
+            run_repo_script("benchmarks/bench_serving.py", *args, capsys=capsys)
+        error = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and expected in error and "\n" not in error
+
+
+@pytest.mark.slow
+def test_onnx_encoder_is_scored_by_mteb_as_its_sentence_transformer(trained_mote, mote_onnx):
+    """The fp32 graph, fed as a client feeds it, gets the prompts mteb gives the model (its experts differ, so a
+    wrong prompt would change the scores)."""
+    from mteb.types import PromptType
+    from sentence_transformers import SentenceTransformer
+
+    from benchmarks.onnx_encoder import OnnxEncoder
+    from convert.onnx_graph import GRAPH_FILE
+    from evaluation.run import load_tasks
+    from evaluation.tasks import score
+
+    encoder = OnnxEncoder(mote_onnx, GRAPH_FILE)
+    tasks = load_tasks(["STSBenchmark", "SciFact", "Banking77Clustering"], str(FIXTURE_DATA))
+    prompts = [
+        encoder.prompt(tasks[name].metadata, kind)
+        for name, kind in [
+            ("STSBenchmark", None),
+            ("SciFact", PromptType.query),
+            ("SciFact", PromptType.document),
+            ("Banking77Clustering", None),
+        ]
+    ]
+    assert prompts == ["classification: ", "search_query: ", "search_document: ", "clustering: "]
+    model = SentenceTransformer(str(trained_mote), trust_remote_code=True)
+    for task in tasks.values():
+        assert score(encoder, task) == pytest.approx(score(model, task), abs=1e-3)
+
+
 @pytest.mark.slow
 def test_int8_settings_script_runs(capsys):
     out = run_repo_script("benchmarks/int8_settings.py", "--data-dir", str(FIXTURE_DATA), "--texts", "4", capsys=capsys)
@@ -128,6 +167,14 @@ def test_training_benchmark_runs(tmp_path, capsys):
     rows = out.strip().splitlines()[-2:]
     assert rows[0].startswith("| dense + prompts |") and rows[1].startswith("| MoTE |")
     assert all(row.count("|") == 6 for row in rows)
+
+
+def test_training_benchmark_without_pairs_or_shared_data_stops_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("MOE_EMBED_SHARED", str(tmp_path / "missing"))
+    with pytest.raises(SystemExit) as exit_info:
+        run_repo_script("benchmarks/bench_train.py", capsys=capsys)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and str(tmp_path / "missing") in error and "--pairs" in error
 
 
 def test_comoe_flop_bound_for_minilm_shapes():

@@ -133,13 +133,21 @@ def test_allocation_none_is_the_unmodified_model(olmoe_dir, calibration_file, tm
         torch.testing.assert_close(embeddings[row], hidden[0, -1], atol=1e-5, rtol=1e-5)
 
 
+def write_sts_dev(data: Path, rows: list[tuple[float, str, str]]) -> None:
+    """A data folder whose copy of mteb/stsbenchmark-sts (Hub layout) has these validation rows."""
+    folder = data / "mteb" / "stsbenchmark-sts"
+    folder.mkdir(parents=True)
+    (folder / "validation.jsonl").write_text(
+        "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for s, a, b in rows)
+    )
+    (folder / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: validation\n    path: validation.jsonl\n---\n"
+    )
+
+
 def test_search_picks_alpha_and_exit_layer_on_dev_pairs(olmoe_dir, tmp_path, capsys):
     data = tmp_path / "data"
-    (data / "sts" / "stsb").mkdir(parents=True)
-    rows = ["score\tsentence1\tsentence2"] + [
-        f"{i % 5}.0\t{CALIBRATION[i % 4]} {i}\t{CALIBRATION[(i + i // 4) % 4]}" for i in range(12)
-    ]
-    (data / "sts" / "stsb" / "dev.tsv").write_text("\n".join(rows) + "\n")
+    write_sts_dev(data, [(i % 5, f"{CALIBRATION[i % 4]} {i}", CALIBRATION[(i + i // 4) % 4]) for i in range(12)])
     output = tmp_path / "aea"
     grid = ("--alphas", "0,5", "--exit-layers", "2,3")
     calibrate_main([olmoe_dir, "--output", str(output), "--search", *grid, "--data-dir", str(data)])
@@ -192,9 +200,7 @@ def test_search_refuses_a_grid_the_homogeneity_rules_out_before_scoring_any(olmo
     """With shift -1 no layer has a positive share for α > 0 (homogeneity is a cosine, never below -1):
     known once homogeneity is measured, so the run stops there, before the first (slow) dev scoring."""
     data = tmp_path / "data"
-    (data / "sts" / "stsb").mkdir(parents=True)
-    rows = ["score\tsentence1\tsentence2"] + [f"{i}.0\t{CALIBRATION[i]}\t{CALIBRATION[3 - i]}" for i in range(4)]
-    (data / "sts" / "stsb" / "dev.tsv").write_text("\n".join(rows) + "\n")
+    write_sts_dev(data, [(i, CALIBRATION[i], CALIBRATION[3 - i]) for i in range(4)])
     output = tmp_path / "aea"
     code, err = run_main(
         calibrate_main, olmoe_dir, "--output", str(output), "--search", "--alphas", "0,1", "--shift", "-1",

@@ -108,7 +108,9 @@ def parse_problems(text: str, monkeypatch) -> tuple[list[str], int]:
     return problems, parsed
 
 
-@pytest.mark.parametrize(("page", "at_least"), [("results.md", 10), ("benchmarks.md", 10), ("serving.md", 1)])
+@pytest.mark.parametrize(
+    ("page", "at_least"), [("results.md", 10), ("benchmarks.md", 10), ("serving.md", 1), ("data.md", 3)]
+)
 def test_documented_commands_parse(page, at_least, monkeypatch, capsys):
     problems, parsed = parse_problems((REPO / "docs" / page).read_text(encoding="utf-8"), monkeypatch)
     assert problems == [], capsys.readouterr().err[-2000:]

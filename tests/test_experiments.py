@@ -1,8 +1,11 @@
-"""experiments: the training pairs built from the shared train splits, and the seed report."""
+"""experiments: the shared data folder they train on and the Hub-layout copies they evaluate on, the training
+pairs built from the shared train splits, the STS pairs and dev signals read through mteb, and the seed report."""
 
 import json
+from pathlib import Path
 
 import pytest
+from conftest import FIXTURE_DATA, SHARED_DATA, requires_shared_data
 
 from experiments import comoe_vs_lora, prepare_data
 from experiments.common import report, summary
@@ -121,9 +124,9 @@ def test_report_gives_mean_and_sample_sd_per_task_type():
         names,
     )
     lines = text.strip().splitlines()
-    assert lines[0] == (
-        "| model | STSBenchmark | Banking77Classification | EmotionClassification | sts (avg) | "
-        "classification (avg) | average | seeds |"
+    assert lines[0] == (  # grouped by mteb's task types
+        "| model | STSBenchmark | Banking77Classification | EmotionClassification | STS (avg) | "
+        "Classification (avg) | average | seeds |"
     )
     assert lines[2] == "| base | 80.00 | 70.00 | 40.00 | 80.00 | 55.00 | 63.33 | 1 |"
     # seeds' classification averages 56 and 59; overall averages 64.67 and 67.33
@@ -180,11 +183,11 @@ def test_report_reference_variant(tmp_path, capsys):
 
 
 def test_report_groups_tasks_by_domain():
-    names = ["STSBenchmark", "TwitterURLCorpus", "SST2Classification (local)"]
+    names = ["STSBenchmark", "TwitterURLCorpus", "SST2Classification"]
     groups = comoe_vs_lora.domain_groups(names)
     assert groups == {
         "in-domain": ["STSBenchmark"],
-        "out-of-domain": ["TwitterURLCorpus", "SST2Classification (local)"],
+        "out-of-domain": ["TwitterURLCorpus", "SST2Classification"],
     }
     run = {name: {"main_score": score} for name, score in zip(names, (80.0, 70.0, 60.0), strict=True)}
     lines = report({"lora-r16": {0: run}}, names, "lora-r16", groups).strip().splitlines()
@@ -216,7 +219,7 @@ def test_usage_report_averages_over_tasks(tmp_path):
         ]
 
     (tmp_path / "usage").mkdir()
-    usage = {"STSBenchmark": rows([0.2, None], 0.5), "TRECClustering (local)": rows([0.4, None], 0.7)}
+    usage = {"STSBenchmark": rows([0.2, None], 0.5), "TRECClustering": rows([0.4, None], 0.7)}
     (tmp_path / "usage" / "comoe-s0.json").write_text(json.dumps(usage))
     lines = comoe_vs_lora.usage_report(tmp_path).strip().splitlines()
     assert "| comoe-s0 | 0.300 | — |" in lines
@@ -258,11 +261,11 @@ def test_recipe_is_the_recommended_variant_and_keeps_held_out_data_out():
     recipe = yaml.safe_load(RECIPE.read_text())
     chosen = {k: v for k, v in recipe.items() if k in VARIANT_KEYS and k not in ("model", "output_dir")}
     assert chosen == VARIANTS[RECOMMENDED]
-    paths = [spec["path"] for specs in recipe["tasks"].values() for spec in specs]
+    sources = [spec.get("path") or spec["hub"] for specs in recipe["tasks"].values() for spec in specs]
     # no split or source of a held-out task: Banking77, Emotion, TwitterURL, STS-B, SICK (nor MRPC and the
-    # STS/SICK/TrecQA pairs of positive_pairs.jsonl)
-    forbidden = ("banking77", "emotion", "twitter", "sts/", "sick", "mrpc", "positive_pairs")
-    assert not [p for p in paths if any(word in p.lower() for word in forbidden)]
+    # STS/SICK/TrecQA pairs of positive_pairs.jsonl), as a local file or a Hub dataset
+    forbidden = ("banking77", "emotion", "twitter", "sts/", "stsbenchmark", "sick", "mrpc", "positive_pairs")
+    assert len(sources) == 8 and not [s for s in sources if any(word in s.lower() for word in forbidden)]
     assert not set(IN_DOMAIN) & set(HELD_OUT)
 
 
@@ -295,3 +298,130 @@ def test_forgetting_report_only_reports_every_variant_with_results(tmp_path):
         (results / f"{name}.json").write_text(json.dumps({task: {"main_score": value} for task in TASKS}))
     text = main(["--output", str(tmp_path), "--report-only", "--seeds", "0"])
     assert "| moe+recipe − untouched (no prompts) |" in text and "| full − untouched (no prompts) |" in text
+
+
+def test_shared_data_is_the_environment_folder_else_one_line(tmp_path, monkeypatch, capsys):
+    from experiments.common import shared_data
+    from moe_embed.usage import UsageError
+
+    monkeypatch.setenv("MOE_EMBED_SHARED", str(tmp_path))
+    assert shared_data() == tmp_path
+    monkeypatch.setenv("MOE_EMBED_SHARED", str(tmp_path / "missing"))
+    with pytest.raises(UsageError) as error:
+        shared_data()
+    message = str(error.value)
+    assert "\n" not in message and str(tmp_path / "missing") in message and "$MOE_EMBED_SHARED" in message
+    with pytest.raises(SystemExit) as exit_info:  # prepare_data --shared: the same one line, exit 2
+        prepare_data.run_cli(prepare_data.main, ["--output", str(tmp_path / "out"), "--shared", str(tmp_path / "no")])
+    assert exit_info.value.code == 2 and "--shared" in capsys.readouterr().err
+
+
+@requires_shared_data
+def test_hub_copies_of_the_shared_folder_are_read_as_the_hub_datasets(tmp_path, monkeypatch):
+    from experiments.common import hub_data
+    from moe_embed.data import load
+
+    monkeypatch.setenv("MOE_EMBED_SHARED", str(SHARED_DATA))
+    folder = hub_data(tmp_path)
+    assert folder == tmp_path / "hubdata" and hub_data(tmp_path) == folder  # written once
+    assert len(load("mteb/stsbenchmark-sts", None, "validation", folder=folder)) == 1500  # the shared dev split
+    assert len(load("mteb/banking77", None, "test", folder=folder)) == 3080
+
+
+def test_report_only_reads_results_written_under_the_old_task_names(tmp_path):
+    from experiments.mote_vs_ic import main
+
+    (tmp_path / "results").mkdir()
+    for name, score in [("base", 40.0), ("ic-s0", 41.0)]:
+        scores = {"TRECClustering (local)": {"main_score": score}}
+        (tmp_path / "results" / f"{name}.json").write_text(json.dumps(scores))
+    args = ["--output", str(tmp_path), "--report-only", "--tasks", "TRECClustering", "--variants", "ic", "--seeds", "0"]
+    lines = main(args).splitlines()
+    assert lines[0] == "| model | TRECClustering | Clustering (avg) | average | seeds |"
+    assert lines[2:4] == ["| base (no prompts) | 40.00 | 40.00 | 40.00 | 1 |", "| ic | 41.00 | 41.00 | 41.00 | 1 |"]
+
+
+def test_forgetting_trains_on_the_shared_files_and_selects_on_the_hub_copies(tmp_path, monkeypatch):
+    from experiments import forgetting
+    from training.config import TrainingConfig, from_mapping
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv("MOE_EMBED_SHARED", str(shared))
+    monkeypatch.setattr(forgetting, "hub_data", lambda out: out / "hubdata")
+    config = forgetting.config(tmp_path / "out", forgetting.RECOMMENDED, 1)
+    paths = [spec["path"] for specs in config["tasks"].values() for spec in specs if "path" in spec]
+    assert paths and all(path.startswith(f"{shared}/") for path in paths)  # no {data}/ left for --data-dir
+    assert config["data_dir"] == str(tmp_path / "out" / "hubdata")  # the dev set stsb-dev and hub: datasets
+    parsed = from_mapping(TrainingConfig, config)
+    assert parsed.seed == 1 and parsed.dev.tasks == ["stsb-dev"] and parsed.trainable == "experts"
+
+
+def test_aea_test_pairs_are_the_hub_datasets_test_split():
+    from experiments.aea_moe_encoder import pairs_of
+
+    first, second, scores = pairs_of("STSBenchmark", FIXTURE_DATA)
+    rows = [json.loads(line) for line in (FIXTURE_DATA / "mteb/stsbenchmark-sts/test.jsonl").read_text().splitlines()]
+    assert (first, second) == ([r["sentence1"] for r in rows], [r["sentence2"] for r in rows]) and len(rows) == 8
+    assert scores == [float(r["score"]) for r in rows]
+
+
+def test_a_dev_signal_is_clustered_as_the_suite_clusters_banking77(dense_path):
+    from sentence_transformers import SentenceTransformer
+
+    from evaluation.tasks import get_task, load, score
+    from experiments.dev_signals import clustering_task
+    from moe_embed.data import load as load_rows
+
+    model = SentenceTransformer(dense_path)
+    rows = load_rows("mteb/banking77", None, "test", folder=FIXTURE_DATA)
+    signal = clustering_task("Banking77 test", list(rows["text"]), list(rows["label"]))
+    assert score(model, signal) == pytest.approx(score(model, load(get_task("Banking77Clustering"), FIXTURE_DATA)))
+
+
+def test_dev_signals_scores_stsb_dev_through_the_clustering_expert(mote_dir, tmp_path, capsys):
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    from evaluation.tasks import DEV_SETS, get_task, load
+    from experiments import dev_signals
+
+    data = tmp_path / "data"
+    shutil.copytree(FIXTURE_DATA / "mteb/stsbenchmark-sts", data / "mteb/stsbenchmark-sts")
+    for repo, split, text, label in dev_signals.CANDIDATES.values():
+        _jsonl(data / repo / f"{split}.jsonl", [{text: f"{repo} text {i}", label: i % 2} for i in range(6)])
+    rows = dev_signals.main([mote_dir, "--data-dir", str(data)])
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "| model | Emotion val | SST-2 dev | TREC train (fine) | STS-B dev via clustering |"
+    assert [line.split(" |")[0] for line in table[2:]] == ["| untouched", "| mote-minilm"]
+    assert len(rows) == 2 and all(len(row) == 4 and all(0 <= value <= 100 for value in row) for row in rows)
+    model = SentenceTransformer(mote_dir, trust_remote_code=True)  # which experts encode STS-B dev
+    tasks = model[0].auto_model.config.tasks
+    ran = []
+    model[0].register_forward_pre_hook(lambda module, args: ran.extend(tasks[i] for i in args[0]["task_ids"].tolist()))
+    dev_signals.signals(model, {}, load(get_task(*DEV_SETS["stsb-dev"]), FIXTURE_DATA))
+    assert ran and set(ran) == {"clustering"}
+
+
+@requires_shared_data
+def test_every_dataset_of_the_forgetting_recipe_is_in_the_shared_folder_or_its_copies(tmp_path, monkeypatch):
+    from evaluation.tasks import DEV_SETS, get_task, repo_of
+    from experiments import forgetting
+    from moe_embed.data import local_copy
+
+    monkeypatch.setenv("MOE_EMBED_SHARED", str(SHARED_DATA))
+    config = forgetting.config(tmp_path, forgetting.RECOMMENDED, 0)
+    specs = [spec for specs in config["tasks"].values() for spec in specs]
+    hub = [spec["hub"] for spec in specs if "hub" in spec] + [repo_of(get_task(DEV_SETS["stsb-dev"][0]))]
+    assert [spec["path"] for spec in specs if "path" in spec and not Path(spec["path"]).exists()] == []
+    assert [repo for repo in hub if local_copy(repo, Path(config["data_dir"])) is None] == []
+
+
+def test_clustering_protocols_trace_mtebs_score_to_the_seed_42_run(dense_path, capsys):
+    """mteb's single-set clustering is the former protocol's first run (seed 42), not its 10-seed mean."""
+    from experiments.clustering_protocols import main
+
+    (row,) = main([dense_path, "--tasks", "Banking77Clustering", "--data-dir", str(FIXTURE_DATA)])
+    assert row["task"] == "Banking77Clustering" and row["mteb"] == pytest.approx(row["seed42"], abs=1e-9)
+    assert "| Banking77Clustering |" in capsys.readouterr().out

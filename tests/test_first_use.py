@@ -32,7 +32,7 @@ def test_training_takes_data_dir_and_reads_every_dataset_before_upcycling(tmp_pa
     missing = err.strip().splitlines()[-1]
     assert missing.startswith("error: ") and str(FIXTURE_DATA) in missing  # the folder given, its first missing file
     code, err = run_main(train_main, "--config", str(recipe), "--data-dir", str(tmp_path / "none"), capsys=capsys)
-    assert code == 2 and f"data folder {tmp_path / 'none'} not found" in err
+    assert code == 2 and f"data folder {tmp_path / 'none'} (--data-dir) not found" in err
 
 
 def test_evaluation_reads_every_task_before_the_model_and_keeps_scores_as_they_come(
@@ -48,12 +48,12 @@ def test_evaluation_reads_every_task_before_the_model_and_keeps_scores_as_they_c
     code, err = run_main(
         evaluate_main, dense_path, "--tasks", "STSBenchmark,SICK-R", "--data-dir", str(FIXTURE_DATA), capsys=capsys
     )
-    assert code == 2 and "sick-r" in err and loads == []  # the fixture has no SICK-R: said before any loading
+    assert code == 2 and "mteb/sickr-sts" in err and loads == []  # the fixture has no SICK-R: said before loading
 
     original = evaluation.run.evaluate
 
     def second_task_fails(model, task, *args):
-        if task.name == "SciFact":
+        if task.metadata.name == "SciFact":
             raise KeyboardInterrupt  # the user stops the run during the second task
         return original(model, task, *args)
 

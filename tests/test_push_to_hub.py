@@ -147,3 +147,45 @@ def test_adapter_folder_is_published_naming_a_hub_base(tiny_mote_dir, tmp_path):
     # the folder itself is untouched: it still names the local base, relative to the adapter folder
     named = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert not Path(named).is_absolute() and (adapter / named).resolve() == source.resolve()
+
+
+def test_push_puts_the_evaluation_scores_in_the_cards_model_index(tiny_mote_dir, tmp_path):
+    """`moe-embed evaluate --output` scores become the card's model-index, as mteb's own cards write them."""
+    import json
+
+    from conftest import FIXTURE_DATA
+    from huggingface_hub import ModelCard
+
+    from evaluation.run import main as evaluate
+
+    scores = tmp_path / "results.json"
+    tasks = "STSBenchmark,SciFact"
+    evaluate(
+        [
+            str(tiny_mote_dir),
+            "--trust-remote-code",
+            "--tasks",
+            tasks,
+            "--data-dir",
+            str(FIXTURE_DATA),
+            "--output",
+            str(scores),
+        ]
+    )
+    results = json.loads(scores.read_text())
+    with FakeHub() as hub:
+        result = push(tiny_mote_dir, hub, "--repo-id", "carol/tiny-mote", "--results", str(scores))
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({"STSBenchmark": {"main_score": 80.0}}))
+        refused = push(tiny_mote_dir, hub, "--repo-id", "carol/other", "--results", str(bad))
+    assert result.returncode == 0, result.stderr[-2000:]
+    card = ModelCard(hub.state.files["carol/tiny-mote"]["README.md"].decode())
+    found = {r.dataset_name: r for r in card.data.eval_results}
+    assert set(found) == {"STSBenchmark (default)", "SciFact (default)"}
+    sts = found["STSBenchmark (default)"]
+    assert (sts.task_type, sts.dataset_type, sts.dataset_split, sts.metric_type, sts.source_name) == (
+        "sentence-similarity", "mteb/stsbenchmark-sts", "test", "cosine_spearman", "MTEB",
+    )  # fmt: skip
+    assert sts.metric_value == pytest.approx(results["STSBenchmark"]["main_score"] / 100, abs=1e-6)
+    assert found["SciFact (default)"].task_type == "text-retrieval" and card.data.model_name == "tiny-mote"
+    assert refused.returncode == 2 and "lacks" in refused.stderr and "carol/other" not in hub.state.files

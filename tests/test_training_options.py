@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FIXTURE_DATA, run_main
+from conftest import FIXTURE_DATA, REPO, run_main
 from safetensors.torch import load_file
 
 from moe_embed.usage import UsageError
@@ -206,3 +206,31 @@ def test_dev_scores_are_written_and_the_selected_step_is_the_best(tmp_path, dens
     best = max(h["dev"] for h in scores["history"])
     assert scores["dev"] == best
     assert next(h["step"] for h in scores["history"] if h["dev"] == best) == scores["selected_step"]
+
+
+def test_training_reads_hub_datasets_through_the_same_path_as_the_hub(tmp_path, dense_path):
+    """`hub:` datasets (a parquet subset, a labelled split) and the dev set, from the Hub-layout fixtures."""
+    config = _config(
+        tmp_path,
+        dense_path,
+        data_dir=str(FIXTURE_DATA),
+        tasks={
+            "retrieval": [{"hub": "sentence-transformers/all-nli", "subset": "triplet"}],
+            "classification": [{"hub": "mteb/banking77", "format": "labelled", "max_rows": 6}],
+        },
+        dev={"tasks": ["stsb-dev"], "eval_steps": 1},
+    )
+    train(config, tmp_path, trainer_cls=RecordingTrainer)
+    datasets = RecordingTrainer.last.train_dataset
+    by_rows = {len(data): data for data in datasets.values()}  # the entries' names are the curriculum's business
+    assert sorted(by_rows) == [6, 8] and by_rows[8].column_names == ["anchor", "positive", "negative"]
+    assert len(json.loads((tmp_path / "out" / "dev_scores.json").read_text())["history"]) == 3
+
+
+def test_the_public_data_recipe_reads_its_hub_datasets_and_names_the_first_it_cannot_reach(capsys):
+    """examples/train_mote_hub.yaml offline with only the fixtures: SciFact is read from its copy; the next
+    dataset, out of reach, stops the run in one line before any model is loaded."""
+    recipe = REPO / "examples" / "train_mote_hub.yaml"
+    code, err = run_main(train_main, "--config", str(recipe), "--data-dir", str(FIXTURE_DATA), capsys=capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "sentence-transformers/natural-questions" in last and "moe-embed data download" in last

@@ -33,35 +33,58 @@ def _help(text: str, default=MISSING, **kwargs):
 
 @dataclass
 class DatasetSpec:
-    """One JSONL training set: rows with `anchor`, `positive` and optionally `negative`."""
+    """One training set: a local file (`path`) or a Hub dataset (`hub`), in one of `training.datasets.FORMATS`."""
 
-    path: str = _help(
-        "JSONL file: absolute, relative to the working directory, or starting with {data}/ for the data folder"
+    path: str | None = _help(
+        "local file or folder: absolute, relative to the working directory, or starting with {data}/ for the data "
+        "folder (give path or hub)",
+        None,
     )
-    name: str | None = _help("name of the dataset's trainer entry (default: the file's stem)", None)
+    hub: str | None = _help(
+        "Hub dataset id, e.g. sentence-transformers/all-nli, read with datasets.load_dataset (from the data "
+        "folder's copy when it has one)",
+        None,
+    )
+    subset: str | None = _help("hub: the dataset's subset (config name), e.g. triplet", None)
+    revision: str | None = _help("hub: a branch, tag or commit (default: the catalogue's pin, else main)", None)
+    columns: list[str] | None = _help(
+        "hub pairs: the columns that become anchor, positive[, negative], in that order (default: the "
+        "dataset's columns in order, as sentence-transformers reads them)",
+        None,
+    )
+    name: str | None = _help("name of the dataset's trainer entry (default: the file's stem or the Hub name)", None)
     format: str = _help(
-        "pairs (JSONL anchor/positive[/negative]), labelled (TSV: texts paired by label) or beir (query -> "
-        "relevant document)",
+        "pairs (anchor/positive[/negative] rows), labelled (text and label: texts paired by label) or beir "
+        "(query -> relevant document)",
         "pairs",
     )
     text: str = _help("labelled: the text column", "text")
     label: str = _help("labelled: the label column", "label")
-    split: str = _help("beir: the qrels split", "train")
+    split: str = _help("the split to read (beir: the qrels split)", "train")
     max_rows: int | None = _help("keep this many rows, with pairwise different positives", None)
     sample_seed: int = _help("seed of that sample (fixed, so runs with other seeds train on the same rows)", 0)
 
     def __post_init__(self):
         from training.datasets import FORMATS
 
+        if (self.path is None) == (self.hub is None):
+            raise UsageError(f"a dataset needs exactly one of path or hub, got path={self.path!r}, hub={self.hub!r}")
+        if self.hub is not None and (self.hub.count("/") != 1 or not all(self.hub.split("/"))):
+            raise UsageError(f"hub expects a Hub dataset id like sentence-transformers/all-nli, got {self.hub!r}")
         if self.format not in FORMATS:
             raise UsageError(f"unknown dataset format {self.format!r}; expected one of {', '.join(FORMATS)}")
         if self.max_rows is not None and self.max_rows < 1:
             raise UsageError(f"max_rows must be at least 1, got {self.max_rows}")
+        if self.columns is not None and not 2 <= len(self.columns) <= 3:
+            raise UsageError(f"columns names 2 or 3 columns (anchor, positive[, negative]), got {self.columns!r}")
 
     def entry_name(self) -> str:
-        """The trainer entry's name: `name`, else the file's stem (a labelled split: its folder's name)."""
+        """The trainer entry's name: `name`, else the Hub dataset's name, else the file's stem (a labelled
+        split: its folder's name)."""
+        if self.name or self.hub:
+            return self.name or self.hub.split("/")[1]
         path = Path(self.path)
-        return self.name or {"labelled": path.parent.name, "beir": path.name}.get(self.format, path.stem)
+        return {"labelled": path.parent.name, "beir": path.name}.get(self.format, path.stem)
 
 
 @dataclass
@@ -130,17 +153,15 @@ class RegularizerConfig:
 class DevConfig:
     """Checkpoint selection on development sets that are not test splits (`dev:`)."""
 
-    tasks: list[str] = _help(
-        "dev sets, scored as the suite scores them: stsb-dev, sickr-trial, mrpc-val, scifact-train"
-    )
+    tasks: list[str] = _help("dev sets, scored as the suite scores them (by mteb): stsb-dev, scifact-train")
     eval_steps: int = _help("score them before training and every N steps; the best step's weights are saved", 50)
 
     def __post_init__(self):
-        from training.dev import DEV_TASKS
+        from evaluation.tasks import DEV_SETS
 
-        unknown = [name for name in self.tasks if name not in DEV_TASKS]
+        unknown = [name for name in self.tasks if name not in DEV_SETS]
         if unknown or not self.tasks:
-            raise UsageError(f"unknown dev.tasks {unknown or self.tasks}; expected names from {', '.join(DEV_TASKS)}")
+            raise UsageError(f"unknown dev.tasks {unknown or self.tasks}; expected names from {', '.join(DEV_SETS)}")
         if self.eval_steps < 1:
             raise UsageError(f"dev.eval_steps must be at least 1, got {self.eval_steps}")
 

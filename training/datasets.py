@@ -1,10 +1,14 @@
-"""Training pairs from the data as it is published: a dataset of a training config has a `format`.
+"""Training pairs from the data as it is published: a dataset of a training config is a local file (`path`) or
+a Hub dataset (`hub`, read with `datasets.load_dataset` through `moe_embed.data.load`: from the data folder's
+copy when it has one, else the Hub and its cache), and has a `format`.
 
-- `pairs`: JSONL with `anchor`, `positive` and optionally `negative` (as `training.data_tools` writes).
-- `labelled`: a TSV with a text and a label column (a classification or clustering train split); each
-  sampled text is paired with another text of its label.
-- `beir`: a BEIR folder (`corpus.jsonl`, `queries.jsonl`, `qrels/<split>.tsv`); each query is paired with
-  a document judged relevant in `split`.
+- `pairs`: rows with `anchor`, `positive` and optionally `negative`: a JSONL file (as `training.data_tools`
+  writes), or a Hub split whose `columns` (default: its columns in order) are taken as those three.
+- `labelled`: a text and a label column (a classification or clustering train split: a TSV, or a Hub split);
+  each sampled text is paired with another text of its label.
+- `beir`: a BEIR folder (`corpus.jsonl`, `queries.jsonl`, `qrels/<split>.tsv`), or a Hub dataset in mteb's
+  retrieval layout (subsets `corpus`, `queries` and the qrels' `default`); each query is paired with a
+  document judged relevant in `split`.
 
 `max_rows` keeps that many rows, drawn with `sample_seed` (fixed by default, so that runs with different
 training seeds train on the same rows) and with pairwise different positives: a positive that repeats
@@ -47,7 +51,7 @@ def same_label_pairs(texts: list[str], labels: list[str], rng: random.Random) ->
 
 
 def labelled_rows(path: Path, text: str, label: str, rng: random.Random) -> list[dict]:
-    from moe_embed.data import read_tsv
+    from moe_embed.readers import read_tsv
 
     table = read_tsv(path)
     if table and (text not in table[0] or label not in table[0]):
@@ -57,7 +61,7 @@ def labelled_rows(path: Path, text: str, label: str, rng: random.Random) -> list
 
 
 def beir_rows(path: Path, split: str) -> list[dict]:
-    from moe_embed.data import beir, read_jsonl
+    from moe_embed.readers import beir, read_jsonl
 
     data = beir(path, split=split)
     queries = {q["_id"]: q["text"] for q in read_jsonl(path / "queries.jsonl")}
@@ -67,6 +71,88 @@ def beir_rows(path: Path, split: str) -> list[dict]:
         for doc in sorted(docs)
         if doc in data.corpus
     ]
+
+
+def hub_rows(spec, data_dir: str | None, rng: random.Random) -> list[dict]:
+    """The training rows of a Hub dataset `spec` (a `training.config.DatasetSpec` with `hub`), uncapped; `rng`
+    pairs a labelled split's texts."""
+    from moe_embed import data as D
+
+    folder = D.data_dir(data_dir)
+
+    def table(subset, split):
+        return D.load(spec.hub, subset, split, revision=spec.revision, folder=folder, purpose=spec.entry_name())
+
+    if spec.format == "beir":
+        corpus = table("corpus", "corpus")
+        documents = dict(
+            zip(
+                corpus["_id"],
+                (f"{t} {x}".strip() for t, x in zip(corpus["title"], corpus["text"], strict=False)),
+                strict=False,
+            )
+        )
+        queries = table("queries", "queries")
+        questions = dict(zip(queries["_id"], queries["text"], strict=False))
+        qrels = table(spec.subset or "default", spec.split)
+        judged = sorted(
+            {
+                (str(q), str(d))
+                for q, d, s in zip(qrels["query-id"], qrels["corpus-id"], qrels["score"], strict=False)
+                if s > 0
+            }
+        )
+        return [
+            {"anchor": questions[q], "positive": documents[d]} for q, d in judged if q in questions and d in documents
+        ]
+    data = table(spec.subset, spec.split)
+    where = f"{spec.hub} ({spec.subset or 'default'}, {spec.split})"
+    if spec.format == "labelled":
+        if spec.text not in data.column_names or spec.label not in data.column_names:
+            raise UsageError(
+                f"{where} has columns {data.column_names}; expected the text column {spec.text!r} and label "
+                f"{spec.label!r}"
+            )
+        kept = [
+            (t, y) for t, y in zip(data[spec.text], data[spec.label], strict=False) if t and y is not None and y != ""
+        ]
+        return same_label_pairs([t for t, _ in kept], [y for _, y in kept], rng)
+    columns = spec.columns or [c for c in data.column_names if c not in ("label", "score")]
+    missing = [c for c in columns if c not in data.column_names]
+    if missing or not 2 <= len(columns) <= 3:
+        raise UsageError(
+            f"{where} has columns {data.column_names}; expected 2 or 3 text columns (anchor, positive[, negative]): "
+            f"name them with columns: [...]"
+        )
+    names = ("anchor", "positive", "negative")[: len(columns)]
+    return [dict(zip(names, values, strict=False)) for values in zip(*(data[c] for c in columns), strict=False)]
+
+
+def dataset_path(spec, base: Path, data_dir: str | None = None) -> Path:
+    """Where a local dataset is: `{data}/...` in the data folder (`data_dir`, else `$MOE_EMBED_DATA`), a relative
+    path under `base`, or the absolute path."""
+    if spec.path.startswith("{data}/"):
+        from moe_embed.data import data_dir as find_data_dir
+
+        folder = find_data_dir(data_dir)
+        if folder is None:
+            raise UsageError(f"{spec.path} names the data folder: pass --data-dir DIR (or set $MOE_EMBED_DATA)")
+        return folder / spec.path.removeprefix("{data}/")
+    return Path(spec.path) if Path(spec.path).is_absolute() else (base / spec.path).resolve()
+
+
+def read_rows(spec, base: Path, data_dir: str | None = None) -> list[dict]:
+    """The training rows of the dataset `spec` of a training config (local or Hub), sampled as it asks."""
+    if spec.hub is None:
+        return load_rows(dataset_path(spec, base, data_dir), spec.format, text=spec.text, label=spec.label,
+                         split=spec.split, max_rows=spec.max_rows, sample_seed=spec.sample_seed)  # fmt: skip
+    rng = random.Random(spec.sample_seed)  # drawn from as `load_rows` draws: a copy of a file gives its rows
+    rows = hub_rows(spec, data_dir, rng)
+    if spec.format != "pairs" or spec.max_rows is not None:
+        rows = distinct_positives(rows, spec.max_rows, rng)
+    if not rows:
+        raise UsageError(f"{spec.hub} gives no training pairs ({spec.format}, split {spec.split})")
+    return rows
 
 
 def load_rows(path: Path, format: str = "pairs", *, text: str = "text", label: str = "label", split: str = "train",
@@ -92,4 +178,4 @@ def load_rows(path: Path, format: str = "pairs", *, text: str = "text", label: s
     return rows
 
 
-__all__ = ["FORMATS", "load_rows", "distinct_positives", "same_label_pairs"]
+__all__ = ["FORMATS", "read_rows", "hub_rows", "load_rows", "distinct_positives", "same_label_pairs"]

@@ -3,8 +3,8 @@
 `BestOnDev` scores the model on the `dev:` sets before training (step 0: the model it started from is a
 candidate too) and every `eval_steps` steps, keeps the weights that train of the best-scoring step in
 memory, puts them back when training ends and writes the history to `dev_scores.json` in the output
-folder. The scores are the suite's own metrics (`evaluation.run.evaluate`) on splits the suite does not
-report: a run selected this way has seen no test data.
+folder. A dev set is a suite task on a split the suite does not report (`evaluation.tasks.DEV_SETS`), scored
+by mteb as the suite scores it: a run selected this way has seen no test data.
 """
 
 from __future__ import annotations
@@ -17,35 +17,20 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from evaluation.run import Task, evaluate
-from moe_embed import data as D
+from evaluation.tasks import DEV_SETS, get_task, load, score
+from moe_embed.data import data_dir as find_data_dir
 from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)
 
-DEV_TASKS = {
-    task.name: task
-    for task in [
-        Task("stsb-dev", "sts", "cosine_spearman", lambda r: D.sts_pairs(r / "sts/stsb", ["dev.tsv"])),
-        Task("sickr-trial", "sts", "cosine_spearman", lambda r: D.sts_pairs(r / "sts/sick-r", ["trial.tsv"])),
-        Task(
-            "mrpc-val",
-            "pair_classification",
-            "max_ap",
-            lambda r: D.labelled_pairs(r / "pair_classification/mrpc", "val.tsv", "sentence1", "sentence2"),
-        ),
-        Task("scifact-train", "retrieval", "ndcg_at_10", lambda r: D.beir(r / "retrieval/scifact", split="train")),
-    ]
-}
-
 
 def load_dev_sets(names: list[str], data_dir: str | None = None) -> dict:
-    """The data of the dev sets `names` from the data folder (`moe_embed.data.data_dir`): name -> data."""
-    unknown = [name for name in names if name not in DEV_TASKS]
+    """The dev sets `names` as mteb tasks with their data read (the data folder's copies, else the Hub)."""
+    unknown = [name for name in names if name not in DEV_SETS]
     if unknown or not names:
-        raise UsageError(f"unknown dev sets {unknown or names}; expected names from {', '.join(DEV_TASKS)}")
-    root = D.data_dir(data_dir)
-    return {name: DEV_TASKS[name].load(root) for name in names}
+        raise UsageError(f"unknown dev sets {unknown or names}; expected names from {', '.join(DEV_SETS)}")
+    folder = find_data_dir(data_dir)
+    return {name: load(get_task(*DEV_SETS[name]), folder, purpose=f"dev set {name}") for name in names}
 
 
 class BestOnDev(TrainerCallback):
@@ -56,8 +41,8 @@ class BestOnDev(TrainerCallback):
     """
 
     def __init__(self, model, dev_sets: dict, eval_steps: int):
-        """`dev_sets`: dev set name -> its data (`load_dev_sets`)."""
-        self.model, self.tasks, self.data = model, [DEV_TASKS[name] for name in dev_sets], dev_sets
+        """`dev_sets`: dev set name -> its loaded task (`load_dev_sets`)."""
+        self.model, self.tasks = model, dev_sets
         self.eval_steps = eval_steps
         self.history: list[dict] = []
         self.best: tuple[float, int, dict] | None = None
@@ -67,7 +52,7 @@ class BestOnDev(TrainerCallback):
         training = self.model.training
         self.model.eval()
         try:
-            scores = {task.name: evaluate(self.model, task, self.data[task.name]) for task in self.tasks}
+            scores = {name: score(self.model, task) for name, task in self.tasks.items()}
         finally:
             self.model.train(training)
         return {**scores, "dev": statistics.mean(scores.values())}
@@ -104,4 +89,4 @@ def write_history(callback: BestOnDev, folder: Path) -> None:
     (Path(folder) / "dev_scores.json").write_text(json.dumps(callback.selected, indent=2) + "\n")
 
 
-__all__ = ["DEV_TASKS", "BestOnDev", "load_dev_sets", "write_history"]
+__all__ = ["BestOnDev", "load_dev_sets", "write_history"]

@@ -51,35 +51,16 @@ REQUIRED_COLUMNS = ("anchor", "positive")
 OPTIONAL_COLUMNS = ("negative",)
 
 
-def dataset_path(spec: DatasetSpec, base: Path, data_dir: str | None = None) -> Path:
-    """Where a dataset is: `{data}/...` in the data folder (`data_dir`, else `$MOE_EMBED_DATA`, else
-    ../shared/data beside the repository), a relative path under `base`, or the absolute path."""
-    if spec.path.startswith("{data}/"):
-        from moe_embed.data import data_dir as find_data_dir
-
-        return find_data_dir(data_dir) / spec.path.removeprefix("{data}/")
-    return Path(spec.path) if Path(spec.path).is_absolute() else (base / spec.path).resolve()
-
-
 def read_pair_dataset(spec: DatasetSpec, base: Path, data_dir: str | None = None):
-    """One JSONL dataset as a `datasets.Dataset` with anchor/positive[/negative] columns."""
+    """One dataset of the config as a `datasets.Dataset` with anchor/positive[/negative] columns."""
     from datasets import Dataset
 
-    from training.datasets import load_rows
+    from training.datasets import read_rows
 
-    path = dataset_path(spec, base, data_dir)
-    rows = load_rows(
-        path,
-        spec.format,
-        text=spec.text,
-        label=spec.label,
-        split=spec.split,
-        max_rows=spec.max_rows,
-        sample_seed=spec.sample_seed,
-    )
+    rows = read_rows(spec, base, data_dir)
     columns = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in rows[0]]
     if any(any(c not in row for c in columns) for row in rows):
-        raise UsageError(f"dataset {path}: every row needs the columns {columns}")
+        raise UsageError(f"dataset {spec.hub or spec.path}: every row needs the columns {columns}")
     return Dataset.from_dict({c: [row[c] for row in rows] for c in columns})
 
 
