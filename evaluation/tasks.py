@@ -145,8 +145,8 @@ def repo_of(task) -> str:
 
 class _ListColumns:
     """A `datasets.Dataset` whose columns read as lists: mteb's classification draws (`_undersample_data`) read
-    the label column row by row, and a `datasets` 4+ column is lazy, so each row read copies a table (0.46 ms
-    here: 310 of SST-2's 365 s). The same rows, the same draws, read once."""
+    the label column row by row, and a `datasets` 4+ column is lazy, so each row read copies a table (SST-2's
+    67,349 train rows, 10 draws: 85% of its evaluation time under cProfile). The same draws, read once."""
 
     def __init__(self, dataset):
         self._dataset, self._columns = dataset, {}

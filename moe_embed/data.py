@@ -48,7 +48,7 @@ class HubDataset:
 
 
 # Every Hub dataset the evaluation suite, the dev sets and the recipes name (docs/data.md is this table). The
-# mteb datasets are pinned to the revision mteb's task names (tests/test_data.py checks they agree).
+# mteb datasets are pinned to the revision mteb's task names (tests/test_evaluation.py checks they agree).
 CATALOGUE = {
     entry.repo: entry
     for entry in [
@@ -186,8 +186,17 @@ def reading(repo: str, folder: Path | None, purpose: str = "") -> Iterator[Path 
         if local is not None:
             raise
         raise UsageError(missing_message(repo, folder, purpose)) from None
+    except (ValueError, KeyError, FileNotFoundError, RuntimeError, datasets.exceptions.DatasetNotFoundError) as error:
+        place = str(local) if local is not None else f"the Hub ({repo})"
+        what = f"dataset {repo}" + (f" ({purpose})" if purpose else "")
+        raise UsageError(f"cannot read {what} from {place}: {one_line(error)}") from None
     finally:
         datasets.config.HF_DATASETS_CACHE = saved
+
+
+def one_line(error: BaseException) -> str:
+    """An exception's whole message on one line (libraries put the useful part after the first line)."""
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def load(
@@ -206,15 +215,35 @@ def load(
 
     if revision is None and repo in CATALOGUE:
         revision = CATALOGUE[repo].revision
-    with reading(repo, folder, purpose) as local:
-        try:
-            if local is not None:
-                return datasets.load_dataset(str(local), subset, split=split)
-            return datasets.load_dataset(repo, subset, split=split, revision=revision)
-        except (ValueError, KeyError, FileNotFoundError, datasets.exceptions.DatasetNotFoundError) as error:
-            place = str(local) if local is not None else f"the Hub ({repo})"
-            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise UsageError(f"cannot read subset {subset!r}, split {split!r} of {place}: {detail}") from None
+    where = f"subset {subset or 'default'}, split {split}"
+    with reading(repo, folder, f"{purpose}: {where}" if purpose else where) as local:
+        if local is not None:
+            return datasets.load_dataset(str(local), subset, split=split)
+        return datasets.load_dataset(repo, subset, split=split, revision=revision)
+
+
+def keep_downloaded_configs(folder: Path) -> None:
+    """Of a partial copy's card, keep the `configs:` whose files were downloaded: `datasets` resolves a local
+    folder's first config to choose a file format, and fails when its files are missing."""
+    from huggingface_hub import DatasetCard
+
+    card = DatasetCard.load(folder / "README.md")
+    configs = card.data.to_dict().get("configs") or []
+
+    def present(config) -> bool:
+        files = config.get("data_files") or []
+        files = [files] if isinstance(files, str | dict) else files
+        patterns = [
+            p
+            for f in files
+            for p in ([f] if isinstance(f, str) else [f["path"]] if isinstance(f["path"], str) else f["path"])
+        ]
+        return any(next(folder.glob(pattern), None) is not None for pattern in patterns)
+
+    kept = [config for config in configs if present(config)]
+    if len(kept) != len(configs):
+        card.data.configs = kept
+        card.save(folder / "README.md")
 
 
 def download(repos: list[str], target: Path, overwrite: bool = False) -> list[Path]:
@@ -248,8 +277,10 @@ def download(repos: list[str], target: Path, overwrite: bool = False) -> list[Pa
             except LocalEntryNotFoundError:
                 raise UsageError(f"cannot download {repo}: the Hub cannot be reached (offline)") from None
             except HfHubHTTPError as error:
-                raise UsageError(f"cannot download {repo}: {str(error).splitlines()[0]}") from None
+                raise UsageError(f"cannot download {repo}: {one_line(error)}") from None
             shutil.rmtree(tmp / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping, not data
+            if entry.patterns:
+                keep_downloaded_configs(tmp)
         written.append(destination)
     return written
 

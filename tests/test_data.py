@@ -3,6 +3,7 @@
 replaced by a copy of the fixtures (the tests have no network); what is asked of it is checked."""
 
 import shutil
+from fnmatch import fnmatch
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,11 @@ def fake_hub(monkeypatch):
         source = FIXTURE_DATA / repo_id
         if not source.is_dir():
             raise LocalEntryNotFoundError("offline")
-        shutil.copytree(source, local_dir, dirs_exist_ok=True)
+        for path in source.rglob("*"):  # the files allow_patterns selects, as the Hub sends them
+            relative = path.relative_to(source).as_posix()
+            if path.is_file() and (allow_patterns is None or any(fnmatch(relative, p) for p in allow_patterns)):
+                (Path(local_dir) / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, Path(local_dir) / relative)
         (Path(local_dir) / ".cache" / "huggingface").mkdir(parents=True)
         return str(local_dir)
 
@@ -48,7 +53,12 @@ def test_download_writes_copies_that_serve_the_same_reads_as_the_hub(fake_hub, t
         ("sentence-transformers/all-nli", "dataset", None),
     ]
     assert fake_hub[1]["patterns"] == ["README.md", "triplet/*"]  # only the subset the recipes read
-    assert not (target / "mteb/scifact/.cache").exists()
+    assert (
+        not (target / "mteb/scifact/.cache").exists() and not (target / "sentence-transformers/all-nli/pair").exists()
+    )
+    # the partial copy loads: its card no longer names the subset left behind (datasets would resolve it first)
+    triplets = D.load("sentence-transformers/all-nli", "triplet", "train", folder=D.data_dir(str(target)))
+    assert triplets.column_names == ["anchor", "positive", "negative"] and len(triplets) == 8
     queries = D.load("mteb/scifact", "queries", "queries", folder=D.data_dir(str(target)))
     assert len(queries) == len((FIXTURE_DATA / "mteb/scifact/queries/queries.jsonl").read_text().splitlines())
     # a copy already there is kept; --overwrite fetches it again

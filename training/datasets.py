@@ -120,9 +120,10 @@ def hub_rows(spec, data_dir: str | None, rng: random.Random) -> list[dict]:
     columns = spec.columns or [c for c in data.column_names if c not in ("label", "score")]
     missing = [c for c in columns if c not in data.column_names]
     if missing or not 2 <= len(columns) <= 3:
+        problem = f"no column {missing}" if missing else f"{len(columns)} text columns"
         raise UsageError(
-            f"{where} has columns {data.column_names}; expected 2 or 3 text columns (anchor, positive[, negative]): "
-            f"name them with columns: [...]"
+            f"{where} has columns {data.column_names}, {problem}; expected 2 or 3 text columns (anchor, "
+            f"positive[, negative]): name them with columns: [...]"
         )
     names = ("anchor", "positive", "negative")[: len(columns)]
     return [dict(zip(names, values, strict=False)) for values in zip(*(data[c] for c in columns), strict=False)]
