@@ -30,6 +30,7 @@ from pathlib import Path
 from evaluation.run import load_tasks, select_tasks
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.folders import load_sentence_transformer
+from moe_embed.readers import corpus_texts
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 ROUTED_MODEL_TYPES = ("comoe_bert", "moe_bert")
@@ -102,10 +103,7 @@ def task_texts(task, model, max_texts: int, seed: int) -> list[str]:
     prompts, rng = model.prompts or {}, random.Random(seed)
     if isinstance(data, dict):  # retrieval: queries and documents, each half of the draw
         queries = list(data["queries"]["text"])
-        documents = [
-            f"{title} {text}".strip()
-            for title, text in zip(data["corpus"]["title"], data["corpus"]["text"], strict=False)
-        ]
+        documents = corpus_texts(data["corpus"])
         half = max_texts // 2
         return [prompts.get("query", "") + t for t in rng.sample(queries, min(half, len(queries)))] + [
             prompts.get("document", "") + t for t in rng.sample(documents, min(max_texts - half, len(documents)))

@@ -24,6 +24,7 @@ import numpy as np
 from moe_embed import data as D
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.folders import load_sentence_transformer
+from moe_embed.readers import corpus_texts
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 TASKS = ("query", "document", "classification", "clustering")
@@ -124,7 +125,7 @@ def format_p(p: float) -> str:
 def default_texts(data_dir: str | None, count: int, seed: int) -> list[str]:
     """`count` SciFact documents (mteb/scifact's corpus), drawn with `seed`."""
     corpus = D.load("mteb/scifact", "corpus", "corpus", folder=D.data_dir(data_dir), purpose="the default texts")
-    documents = [f"{title} {text}".strip() for title, text in zip(corpus["title"], corpus["text"], strict=False)]
+    documents = corpus_texts(corpus)
     return random.Random(seed).sample(documents, min(count, len(documents)))
 
 

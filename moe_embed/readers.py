@@ -81,8 +81,15 @@ def labelled_texts(root: Path, train: str | None, test: str, label: str = "label
     return data
 
 
+def corpus_texts(corpus) -> list[str]:
+    """A retrieval corpus's documents as BEIR and mteb embed them: `title + " " + text` (no title: the text).
+    `corpus`: rows with `title` and `text` (a `datasets.Dataset` or a list of dicts)."""
+    return [f"{row.get('title') or ''} {row['text']}".strip() for row in corpus]
+
+
 def beir(root: Path, split: str = "test") -> RetrievalData:
-    corpus = {d["_id"]: f"{d.get('title', '')} {d['text']}".strip() for d in read_jsonl(root / "corpus.jsonl")}
+    rows = read_jsonl(root / "corpus.jsonl")
+    corpus = dict(zip((d["_id"] for d in rows), corpus_texts(rows), strict=True))
     relevant: dict[str, set[str]] = {}
     for row in read_tsv(root / "qrels" / f"{split}.tsv"):
         if float(row["score"]) > 0:

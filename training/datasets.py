@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from moe_embed.readers import corpus_texts
 from moe_embed.usage import UsageError
 
 FORMATS = ("pairs", "labelled", "beir")
@@ -85,13 +86,7 @@ def hub_rows(spec, data_dir: str | None, rng: random.Random) -> list[dict]:
 
     if spec.format == "beir":
         corpus = table("corpus", "corpus")
-        documents = dict(
-            zip(
-                corpus["_id"],
-                (f"{t} {x}".strip() for t, x in zip(corpus["title"], corpus["text"], strict=False)),
-                strict=False,
-            )
-        )
+        documents = dict(zip(corpus["_id"], corpus_texts(corpus), strict=True))
         queries = table("queries", "queries")
         questions = dict(zip(queries["_id"], queries["text"], strict=False))
         qrels = table(spec.subset or "default", spec.split)
