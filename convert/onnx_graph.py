@@ -1,6 +1,6 @@
 """The graph an ONNX export traces: this package's model behind `PromptInputs` (MoTE: prompts and routing on
 token ids, `graph_prompts.py`), then the folder's own Sentence-Transformers modules (pooling, normalisation),
-traced by `torch.onnx.export(dynamo=True)`; and how a client feeds and runs the written graph.
+traced by `torch.onnx.export(dynamo=True)` in the shape onnxruntime runs fastest (`onnx_layout.py`); and how a client feeds and runs the written graph.
 """
 
 from __future__ import annotations
@@ -9,10 +9,12 @@ import logging
 import warnings
 from pathlib import Path
 
+import onnx
 import torch
 from torch import nn
 
 from convert.graph_prompts import PromptInputs, leading_specials
+from convert.onnx_layout import eager_attention, fastest_layout
 from moe_embed.files import read_json
 from moe_embed.usage import UsageError
 
@@ -89,7 +91,8 @@ def graph_inputs(tokenizer, texts: list[str], task_ids: list[int] | None = None)
 
 
 def export_graph(graph: SentenceEmbeddingGraph, inputs: dict, path: Path, opset: int | None) -> None:
-    """Trace `graph` on `inputs` (a feed by name) with batch and sequence length dynamic and write `path`."""
+    """Trace `graph` on `inputs` (a feed by name) with batch and sequence length dynamic and write `path`, in the
+    shape that runs fastest (`convert/onnx_layout.py`: eager attention, LayerNorms on flattened rows, one weight per expert)."""
     config = graph.model.config
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     offset = getattr(config, "position_offset", 0)  # a plain BERT (the dense reference of the benchmarks) has none
@@ -101,7 +104,7 @@ def export_graph(graph: SentenceEmbeddingGraph, inputs: dict, path: Path, opset:
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     large = sum(p.numel() * p.element_size() for p in graph.parameters()) > 1.5 * 2**30  # protobuf's 2 GiB
     path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad(), warnings.catch_warnings():
+    with torch.no_grad(), warnings.catch_warnings(), eager_attention(graph.model):
         # notes on the exporter's own internals, on every run: a deprecated pytree check, and that the batch and
         # sequence axes keep the names given here
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
@@ -117,7 +120,9 @@ def export_graph(graph: SentenceEmbeddingGraph, inputs: dict, path: Path, opset:
             opset_version=opset,
             verbose=False,
         )
-    program.save(str(path), external_data=large)
+    model = program.model_proto
+    fastest_layout(model)  # onnxruntime's fastest kernels, int8 for every weight (`convert/onnx_layout.py`)
+    onnx.save_model(model, str(path), save_as_external_data=large, location=f"{path.name}.data")
 
 
 def session(path: Path):

@@ -1,0 +1,108 @@
+"""convert/onnx_layout.py: every family's exported graph is in the shape onnxruntime runs on its fastest
+kernels (eager attention, no SkipLayerNormalization), every weight MatMul of the int8 graph is quantised, and
+the rewrite keeps the graph's function."""
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from conftest import TEXTS, client_feed
+
+from convert.onnx_layout import eager_attention, flatten_layer_norms
+
+
+def optimized_ops(path: Path, tmp_path: Path) -> Counter:
+    """The op types of `path` after onnxruntime's default (all) graph optimisations, as a client's session
+    runs it."""
+    options = onnxruntime.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / f"{path.stem}.optimized.onnx")
+    onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+
+
+def weight_matmuls(path: Path) -> int:
+    """MatMuls whose second input is a weight (an initializer) other than a router's (routers stay fp32)."""
+    model = onnx.load(str(path))
+    weights = {t.name for t in model.graph.initializer if ".router." not in t.name}
+    return sum(n.op_type == "MatMul" and n.input[1] in weights for n in model.graph.node)
+
+
+@pytest.mark.parametrize("family", ["mote", "moe", "comoe"])
+def test_exported_graphs_avoid_the_slow_kernels(family, mote_onnx, moe_onnx, comoe_onnx, tmp_path):
+    folder = {"mote": mote_onnx, "moe": moe_onnx, "comoe": comoe_onnx}[family]
+    for file in ("onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"):
+        ops = optimized_ops(folder / file, tmp_path)
+        assert ops["SkipLayerNormalization"] == 0, (file, ops)
+        assert ops["IsNaN"] == 0, (file, ops)  # sdpa's guard for fully masked rows: eager attention has none
+        assert ops["LayerNormalization"] >= 13, (file, ops)  # the embeddings' and two per layer of six
+    fp32 = weight_matmuls(folder / "onnx/model.onnx")
+    # six per layer (query, key, value, attention output, the feed-forward pair), and in each of the three expert
+    # layers one feed-forward pair per expert (MoTE: 4 tasks, MoE: 8 experts)
+    expected = {"mote": 6 * 6 + 3 * (4 - 1) * 2, "moe": 6 * 6 + 3 * (8 - 1) * 2}
+    # CoMoE: each of its 24 linears adds the A and the B product of its LoRA experts
+    expected = {**expected, "comoe": 6 * 6 + 24 * 2}
+    assert fp32 == expected[family]
+    int8 = onnx.load(str(folder / "onnx/model_qint8_avx512_vnni.onnx"))
+    assert Counter(n.op_type for n in int8.graph.node)["MatMulInteger"] == fp32  # every weight MatMul in int8
+    weights = {t.name for t in int8.graph.initializer}
+    routers = {"mote": 0, "moe": 3, "comoe": 24}[family]  # fp32: one per MoE layer, one per CoMoE linear
+    assert sum(n.op_type in ("MatMul", "Gemm") and n.input[1] in weights for n in int8.graph.node) == routers
+
+
+def test_flattened_layer_norms_compute_the_same(tmp_path):
+    """The rewrite on a residual + LayerNorm graph: same outputs for several shapes, and onnxruntime no longer
+    fuses it into SkipLayerNormalization."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    hidden = 8
+    rng = np.random.default_rng(0)
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", "seq", hidden]) for n in ("x", "skip")]
+    scale, bias = (numpy_helper.from_array(rng.normal(size=hidden).astype(np.float32), n) for n in ("g", "b"))
+    nodes = [
+        helper.make_node("Add", ["x", "skip"], ["sum"]),
+        helper.make_node("LayerNormalization", ["sum", "g", "b"], ["y"], axis=-1, epsilon=1e-5),
+    ]
+    graph = helper.make_graph(
+        nodes, "ln", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", hidden])]
+    )
+    graph.initializer.extend([scale, bias])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    original = tmp_path / "original.onnx"
+    onnx.save(model, str(original))
+    assert flatten_layer_norms(model) == 1
+    onnx.checker.check_model(model)
+    rewritten = tmp_path / "rewritten.onnx"
+    onnx.save(model, str(rewritten))
+    assert optimized_ops(original, tmp_path)["SkipLayerNormalization"] == 1  # what the rewrite avoids
+    assert optimized_ops(rewritten, tmp_path)["SkipLayerNormalization"] == 0
+    for shape in [(1, 1, hidden), (3, 5, hidden)]:
+        feed = {"x": rng.normal(size=shape).astype(np.float32), "skip": rng.normal(size=shape).astype(np.float32)}
+        expected, got = (
+            onnxruntime.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+            for p in (original, rewritten)
+        )
+        assert got.shape == shape
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_eager_attention_is_restored_after_the_trace(mote_dir):
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(mote_dir, trust_remote_code=True)
+    before = model.config._attn_implementation
+    assert before == "sdpa"
+    with eager_attention(model):
+        assert model.config._attn_implementation == "eager"
+    assert model.config._attn_implementation == before
+
+
+def test_routed_graph_embeds_texts_of_several_lengths_as_fp32(mote_onnx):
+    """The rewritten graph on a padded batch: the same embeddings as row by row (padding does not leak)."""
+    session = onnxruntime.InferenceSession(str(mote_onnx / "onnx/model.onnx"), providers=["CPUExecutionProvider"])
+    texts = TEXTS[:4]
+    batch = session.run(["sentence_embedding"], client_feed(mote_onnx, texts))[0]
+    rows = np.concatenate([session.run(["sentence_embedding"], client_feed(mote_onnx, [t]))[0] for t in texts])
+    np.testing.assert_allclose(batch, rows, atol=1e-5)
