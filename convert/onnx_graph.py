@@ -1,6 +1,7 @@
 """The graph an ONNX export traces: this package's model behind `PromptInputs` (MoTE: prompts and routing on
 token ids, `graph_prompts.py`), then the folder's own Sentence-Transformers modules (pooling, normalisation),
-traced by `torch.onnx.export(dynamo=True)` in the shape onnxruntime runs fastest (`onnx_layout.py`); and how a client feeds and runs the written graph.
+traced by `torch.onnx.export(dynamo=True)` and written in the shape onnxruntime runs fastest (`onnx_layout.py`);
+and how a client feeds and runs the written graph.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def graph_inputs(tokenizer, texts: list[str], task_ids: list[int] | None = None)
 
 def export_graph(graph: SentenceEmbeddingGraph, inputs: dict, path: Path, opset: int | None) -> None:
     """Trace `graph` on `inputs` (a feed by name) with batch and sequence length dynamic and write `path`, in the
-    shape that runs fastest (`convert/onnx_layout.py`: eager attention, LayerNorms on flattened rows, one weight per expert)."""
+    shape that runs fastest (`convert/onnx_layout.py`: eager attention, LayerNorms on flattened rows, one weight
+    per expert)."""
     config = graph.model.config
     batch = torch.export.Dim("batch", min=1, max=1 << 20)
     offset = getattr(config, "position_offset", 0)  # a plain BERT (the dense reference of the benchmarks) has none

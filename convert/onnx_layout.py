@@ -19,8 +19,9 @@ the graph the dynamo exporter writes cost onnxruntime 20-45% in int8, and neithe
   so each expert's matmul reads `Gather(up_proj, e)` and, on the rows routed to it, is written as `Gemm`:
   onnxruntime's dynamic quantiser touches neither (it quantises `MatMul`s whose weight is an initializer), and
   the int8 graph ran every expert in fp32 (CoMoE's LoRA experts likewise read reshaped, transposed stacks).
-  `fold_weight_views` gives each such view of a weight an initializer of its own (the stacked one is dropped) and `gemm_as_matmul` writes `Gemm` as `MatMul` (+ `Add` of the
-  bias), the form the quantiser and onnxruntime's int8 fusions know.
+  `fold_weight_views` gives each such view of a weight an initializer of its own (the stacked one is
+  dropped) and `gemm_as_matmul` writes `Gemm` as `MatMul` (+ `Add` of the bias), the form the quantiser and
+  onnxruntime's int8 fusions know.
 """
 
 from __future__ import annotations
