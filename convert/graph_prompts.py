@@ -15,8 +15,9 @@ client cannot be asked to do, and `PromptInputs` does them on the ids:
   after the prefix is taken off or put in, the graph can cut each row to `max_seq_length` with its separator
   token last, as the tokenizer would have.
 
-The rows come out right-padded, `(batch, at most seq + longest prefix)`; every step is a tensor op (no host
-sync), so a batch may mix tasks, prompts and lengths.
+The rows come out right-padded, as wide as the longest of them (at most `max_seq_length`): a batch whose rows
+all bring their prompt costs what the same rows cost the dense model. Every step is a tensor op, so a batch
+may mix tasks, prompts and lengths.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ def leading_specials(config, tokenizer) -> int:
     task = config.tasks[0]
     prompt = tokenizer(config.task_prefixes[task], add_special_tokens=False)["input_ids"]
     return len(config.task_prefix_ids[task]) - len(prompt)
+
+
+def keep_width(length: torch.Tensor, max_length: int, available: int) -> int:
+    """The width the rows keep: the longest row's length, at most `max_length` (and the `available` columns). A
+    data-dependent size, which a traced graph computes (`ReduceMax`, then `Slice`)."""
+    width = int(length.max().clamp(max=max_length))
+    torch._check(width >= 1)  # every row keeps its leading special token
+    torch._check(width <= min(max_length, available))
+    return width
 
 
 class PromptInputs(nn.Module):
@@ -82,7 +92,10 @@ class PromptInputs(nn.Module):
         mask = torch.gather(mask, 1, source) * inside.to(mask.dtype)
         ids = torch.where(mask.bool(), torch.gather(ids, 1, source), torch.full_like(ids, self.pad_token_id))
         length = mask.sum(dim=1, keepdim=True)
-        ids, mask = ids[:, : self.max_length], mask[:, : self.max_length]
+        # as wide as the longest row after its prompt is handled (not the input plus the prompt slot, which only
+        # a row that gains a prompt uses), and at most `max_length`
+        width = keep_width(length, self.max_length, ids.shape[1])
+        ids, mask = ids[:, :width], mask[:, :width]
         cut = (position[:, : ids.shape[1]] == self.max_length - 1) & (length > self.max_length)
         ids = torch.where(cut, torch.full_like(ids, self.sep_token_id), ids)
         task = torch.where(valid, chosen, torch.full_like(chosen, -1))

@@ -68,6 +68,20 @@ def test_routed_mote_graph_embeds_as_encode_for_every_prompt_and_none(trained_mo
     assert np.abs(other[0] - expected[1]).max() > 1e-3
 
 
+def test_routed_graph_is_only_as_wide_as_its_longest_row(trained_mote, mote_onnx):
+    """A batch whose rows bring their prompts is encoded at the client's width (the dense model's cost); a row
+    that gains the default prompt widens the batch by that prompt only."""
+    st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
+    prompted = [st.prompts["query"] + TEXTS[0], st.prompts["clustering"] + TEXTS[1]]
+    feed = client_feed(mote_onnx, prompted)
+    tokens, mask = run(mote_onnx, feed)[1:3]
+    assert tokens.shape[1] == mask.shape[1] == feed["input_ids"].shape[1]
+    default_prompt = st.prompts[st.default_prompt_name or st[0].auto_model.config.default_task]
+    plain = client_feed(mote_onnx, [TEXTS[0]])
+    grown = st.tokenizer(default_prompt, add_special_tokens=False)["input_ids"]
+    assert run(mote_onnx, plain)[2].shape[1] == plain["input_ids"].shape[1] + len(grown)
+
+
 def test_prefix_routed_folder_embeds_as_encode(tmp_path, capsys):
     """A `--prefix-routes-only` folder (what the training recipe writes): the graph takes the prompt off after
     the client truncated at max_seq_length + the longest prefix, so a long text keeps every token encode keeps."""
