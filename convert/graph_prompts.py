@@ -38,9 +38,10 @@ def leading_specials(config, tokenizer) -> int:
 def keep_width(length: torch.Tensor, max_length: int, available: int) -> int:
     """The width the rows keep: the longest row's length, at most `max_length` (and the `available` columns). A
     data-dependent size, which a traced graph computes (`ReduceMax`, then `Slice`)."""
-    width = int(length.max().clamp(max=max_length))
+    width = length.max().clamp(max=max_length).item()
     torch._check(width >= 1)  # every row keeps its leading special token
-    torch._check(width <= min(max_length, available))
+    torch._check(width <= max_length)
+    torch._check(width <= available)
     return width
 
 
