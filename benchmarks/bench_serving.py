@@ -11,15 +11,17 @@ routed, 8 experts, top-2, every other layer) and `comoe` (LoRA experts, top-2 of
 exported by `convert/export_onnx.py --quantize int8` (the dense one by the same tracing, without the
 MoTE-only parts). Backends: `torch` (the exported graph's PyTorch module, fp32, eager), `ort` and
 `ort-int8` (onnxruntime CPU, as many threads as torch), `ov` (OpenVINO CPU reading `onnx/model.onnx`, f32
-precision hint) and `ov-int8` (OpenVINO reading the int8 ONNX file). Inputs are random token ids, no
-padding; a MoTE row starts with its task's prompt (`benchmarks.common.batch_of`). Rates are medians of
-rounds that interleave the backends; the families run one after another, each family's sessions freed
-before the next (every session keeps the memory of its largest batch). Each row's ratios are to PyTorch
-fp32 of the same family and to the dense model's same backend, same run.
+precision hint) and `ov-int8` (OpenVINO's own static int8, `openvino/openvino_model_qint8_quantized.xml`).
+Inputs are random token ids, no padding; a MoTE row starts with its task's prompt
+(`benchmarks.common.batch_of`). Rates are medians of rounds that interleave the backends; the families run
+one after another, each family's sessions freed before the next (every session keeps the memory of its
+largest batch). Each row's ratios are to PyTorch fp32 of the same family and to the dense model's same
+backend, same run.
 
 `--accuracy` adds STS-B test and SciFact (the suite's scores, by mteb as `moe-embed evaluate` scores them) of
-every family's fp32 and int8 graph through onnxruntime, fed as a client feeds them (`tokenizer.json` alone;
-`benchmarks.onnx_encoder`); their data comes from `--data-dir`, else the Hub, and is read before any export.
+every family's fp32 graph, its int8 graph through onnxruntime and its OpenVINO int8 model, fed as a client
+feeds them (`tokenizer.json` alone; `benchmarks.onnx_encoder`); their data comes from `--data-dir`, else the
+Hub, and is read before any export.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.common import batch_of, median_rates, prepare, timing_parser
+from benchmarks.common import batch_of, cpu_description, median_rates, prepare, timing_parser
+from convert.export_onnx import DEFAULT_MIN_COSINE
 from convert.onnx_graph import GRAPH_FILE
 from convert.onnx_int8 import INT8_FILE
+from convert.openvino_int8 import OPENVINO_INT8_FILE
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.usage import parse, run_cli
 
@@ -47,9 +51,9 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
     from sentence_transformers import SentenceTransformer
 
     from convert.export_onnx import ExportOptions, export_onnx
+    from convert.onnx_checks import quantize_checked
     from convert.onnx_folder import write_folder_files
-    from convert.onnx_graph import SentenceEmbeddingGraph, build_graph, export_graph, graph_inputs
-    from convert.onnx_int8 import quantize
+    from convert.onnx_graph import SentenceEmbeddingGraph, build_graph, export_graph, graph_inputs, session
     from convert.upcycle import UpcycleOptions, upcycle
     from moe_embed.folders import bundled_minilm_path
 
@@ -60,7 +64,7 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
         out.mkdir()
         client = write_folder_files(Path(bundled_minilm_path()), out, st, st.max_seq_length)
         export_graph(graph, graph_inputs(client, ["an example", "two"]), out / GRAPH_FILE, None)
-        quantize(out / GRAPH_FILE, out / INT8)
+        quantize_checked(out, session(out / GRAPH_FILE), st, client, DEFAULT_MIN_COSINE)
         return out, graph
     options = {"mote": {}, "mote-query": {}, "moe": {"arch": "moe", "expert_noise": 0.02}, "comoe": {"arch": "comoe"}}
     source = work / family.split("-")[0]
@@ -99,38 +103,46 @@ def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
             runs[name] = lambda session=session, inputs=inputs, **feed: session.run(
                 ["sentence_embedding"], {k: v for k, v in feed.items() if k in inputs}
             )
-    for name, file, config in (
-        ("ov", GRAPH_FILE, {"INFERENCE_PRECISION_HINT": "f32"}),
-        ("ov-int8", INT8, {}),
-    ):
+    for name, file, precision in (("ov", GRAPH_FILE, "f32"), ("ov-int8", OPENVINO_INT8_FILE, None)):
         if name in backends:
-            import openvino
+            from convert.openvino_int8 import OpenVinoSession
 
-            compiled = openvino.Core().compile_model(
-                str(folder / file), "CPU", {**config, "INFERENCE_NUM_THREADS": threads}
-            )
-            inputs = {i.get_any_name() for i in compiled.inputs}
-            runs[name] = lambda compiled=compiled, inputs=inputs, **feed: compiled(
-                {k: v for k, v in feed.items() if k in inputs}
+            model = OpenVinoSession(folder / file, threads, precision)
+            inputs = {i.name for i in model.get_inputs()}
+            runs[name] = lambda model=model, inputs=inputs, **feed: model.run(
+                ["sentence_embedding"], {k: v for k, v in feed.items() if k in inputs}
             )
     return runs
 
 
 def int8_scores(folder: Path, tasks: dict) -> dict[str, list[float]]:
-    """The scores (0-100) of a folder's fp32 and int8 graph, fed as a client feeds them, on `tasks` (name ->
-    loaded mteb task, `evaluation.run.load_tasks`)."""
+    """The scores (0-100) of a folder's fp32 graph and int8 models (onnxruntime's; OpenVINO's where written), fed
+    as a client feeds them, on `tasks` (name -> loaded mteb task, `evaluation.run.load_tasks`)."""
     from benchmarks.onnx_encoder import OnnxEncoder
     from evaluation.tasks import score
 
+    files = {"fp32": GRAPH_FILE, "int8": INT8, "ov-int8": OPENVINO_INT8_FILE}
     return {
         precision: [score(OnnxEncoder(folder, file), task) for task in tasks.values()]
-        for precision, file in (("fp32", GRAPH_FILE), ("int8", INT8))
+        for precision, file in files.items()
+        if (folder / file).is_file()
     }
 
 
+def score_header(tasks) -> str:
+    """The header cells of `score_cells`, for `tasks` (names)."""
+    return " | ".join(f"{t} fp32 | {t} int8 | delta | {t} ov-int8 | delta" for t in tasks)
+
+
 def score_cells(scores: dict[str, list[float]]) -> str:
-    """`fp32 | int8 | delta` per task, as table cells."""
-    return " | ".join(f"{a:.2f} | {b:.2f} | {b - a:+.2f}" for a, b in zip(scores["fp32"], scores["int8"], strict=True))
+    """`fp32 | int8 | delta | ov-int8 | delta` per task, as table cells (blank where there is no OpenVINO int8)."""
+    cells = []
+    for index, fp32 in enumerate(scores["fp32"]):
+        for precision in ("int8", "ov-int8"):
+            value = scores.get(precision, [None] * len(scores["fp32"]))[index]
+            cells.append(f"{value:.2f} | {value - fp32:+.2f}" if value is not None else " | ")
+        cells[-2] = f"{fp32:.2f} | {cells[-2]}"
+    return " | ".join(cells)
 
 
 def accuracy(folders: dict[str, Path], tasks: dict):
@@ -173,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
                 feed = random_feed(graph, batch_size, seq_len)
                 rates[family, batch_size, seq_len] = median_rates(sessions, feed, args.repeats, args.min_time)
             del sessions
+        print(f"torch {torch.__version__}, {threads} threads; {cpu_description()}")
         print("| family | batch | tokens | " + " | ".join(f"{b} (seq/s)" for b in backends) + " | best / torch |")
         print("|---|---:|---:|" + "---:|" * (len(backends) + 1))
         for (family, batch_size, seq_len), rate in rates.items():
@@ -188,8 +201,8 @@ def main(argv: list[str] | None = None) -> None:
             best = max(others) / rate["torch"] if others and "torch" in rate else float("nan")
             print(f"| {family} | {batch_size} | {seq_len} | " + " | ".join(cells) + f" | {best:.2f} |")
         if args.accuracy:
-            print("\n| family | " + " | ".join(f"{t} fp32 | {t} int8 | delta" for t in tasks) + " |")
-            print("|---|" + "---:|" * (3 * len(tasks)))
+            print(f"\n| family | {score_header(tasks)} |")
+            print("|---|" + "---:|" * (5 * len(tasks)))
             for row in accuracy({f: folder for f, (folder, _) in built.items()}, tasks):
                 print(row, flush=True)
 

@@ -65,3 +65,20 @@ def batch_of(model, batch_size: int, seq_len: int) -> dict:
             ids[row, : len(prefix)] = torch.tensor(prefix)
         batch["task_ids"] = torch.full((batch_size,), -1)
     return batch
+
+
+def cpu_description() -> str:
+    """The CPU's model name and whether it has the int8 dot-product instructions int8 kernels use (AVX-512 VNNI,
+    AVX-VNNI, AMX), from `/proc/cpuinfo` where there is one."""
+    import platform
+    from pathlib import Path
+
+    info = Path("/proc/cpuinfo")
+    text = info.read_text() if info.is_file() else ""
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    int8 = [name for name in ("avx512_vnni", "avx_vnni", "amx_int8") if name in flags]
+    return (
+        f"CPU {model or platform.processor() or platform.machine()}; int8 instructions: "
+        f"{', '.join(int8) if int8 else 'none of avx512_vnni, avx_vnni, amx_int8' if flags else 'unknown'}"
+    )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from benchmarks.bench_serving import int8_scores, score_cells
+from benchmarks.bench_serving import int8_scores, score_cells, score_header
 from convert.export_onnx import ExportOptions, export_onnx
 from convert.upcycle import UpcycleOptions, upcycle
 from evaluation.run import TASKS, load_tasks
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     for folder in args.model_dirs:  # every folder and dataset before the first long export
         open_model_folder(folder, EXPERT_MODELS)
     loaded = load_tasks(tasks, args.data_dir)
-    print("| model | min cos | mean cos | " + " | ".join(f"{t} fp32 | {t} int8 | delta" for t in tasks) + " |")
-    print("|---|---:|---:|" + "---:|" * (3 * len(tasks)), flush=True)
+    print(f"| model | min cos | mean cos | ov min cos | {score_header(tasks)} |")
+    print("|---|---:|---:|---:|" + "---:|" * (5 * len(tasks)), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         folders = args.model_dirs
@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> None:
             agreement = read_json(out / "onnx_config.json")["int8"]
             name = Path(folder).name if args.model_dirs else "bundled MiniLM as MoTE"
             cells = score_cells(int8_scores(out, loaded))
-            print(f"| {name} | {agreement['min_cosine']:.4f} | {agreement['mean_cosine']:.4f} | {cells} |", flush=True)
+            ov = agreement.get("openvino", {}).get("min_cosine")
+            ov_cell = f"{ov:.4f}" if ov is not None else ""
+            print(f"| {name} | {agreement['min_cosine']:.4f} | {agreement['mean_cosine']:.4f} | {ov_cell} | {cells} |")
 
 
 if __name__ == "__main__":

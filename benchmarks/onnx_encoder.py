@@ -1,5 +1,5 @@
 """An exported folder's ONNX graph as an mteb encoder: `mteb.evaluate` scores it as it scores a
-SentenceTransformer, the graph fed as a client feeds it (`tokenizer.json` alone, through onnxruntime).
+SentenceTransformer, the graph fed as a client feeds it (`tokenizer.json` alone, through onnxruntime or OpenVINO).
 
 mteb picks each task's prompt from the folder's prompts (`config_sentence_transformers.json`) as it does for a
 SentenceTransformer: `{TaskName}-{prompt_type}`, `{TaskName}`, `{TaskType}-{prompt_type}`, `{TaskType}`,
@@ -18,15 +18,17 @@ from moe_embed.files import read_json
 
 
 class OnnxEncoder(AbsEncoder):
-    """The graph `file` of the exported `folder` (e.g. `onnx/model.onnx`), scored by cosine similarity."""
+    """The graph `file` of the exported `folder` (e.g. `onnx/model.onnx`, through onnxruntime; an OpenVINO `.xml`
+    through OpenVINO), scored by cosine similarity."""
 
     def __init__(self, folder: Path, file: str):
         from tokenizers import Tokenizer
 
         from convert.onnx_graph import session
+        from convert.openvino_int8 import OpenVinoSession
 
         folder = Path(folder)
-        self.session = session(folder / file)
+        self.session = OpenVinoSession(folder / file) if file.endswith(".xml") else session(folder / file)
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         self.model_prompts = read_json(folder / "config_sentence_transformers.json").get("prompts") or None
         self.mteb_model_meta = ModelMeta.create_empty(

@@ -24,8 +24,11 @@ The model is traced with this package's model code by `torch.onnx.export(..., dy
 is checked on batches unlike the example: against the PyTorch graph (all outputs) and, tokenised by the
 written `tokenizer.json` alone as a client tokenises, against `SentenceTransformer.encode` with every
 prompt and none; it is refused when either differs by more than `--tolerance`. `--quantize int8` adds
-`onnx/model_qint8_avx512_vnni.onnx` (`convert/onnx_int8.py`) and refuses when a row's cosine to the fp32
-embedding falls below `--int8-min-cosine`; the README states the measured agreement.
+`onnx/model_qint8_avx512_vnni.onnx` (`convert/onnx_int8.py`, onnxruntime's dynamic int8) and, where OpenVINO
+and NNCF are installed (the `openvino` extra), `openvino/openvino_model_qint8_quantized.xml`
+(`convert/openvino_int8.py`, static int8 calibrated on texts shipped with the package); it refuses when a
+row's cosine to the fp32 embedding falls below `--int8-min-cosine` in either; the README states the measured
+agreement.
 """
 
 from __future__ import annotations
@@ -94,7 +97,12 @@ def build_parser(prog: str | None = None):
     parser.add_argument(
         "--task-ids-input", action="store_true", help="MoTE: add a task_ids input (-1: the prompt decides)"
     )
-    parser.add_argument("--quantize", choices=["int8"], help="also write onnx/model_qint8_avx512_vnni.onnx")
+    parser.add_argument(
+        "--quantize",
+        choices=["int8"],
+        help="also write onnx/model_qint8_avx512_vnni.onnx (onnxruntime) and, with the openvino extra, "
+        "openvino/openvino_model_qint8_quantized.xml (NNCF static int8)",
+    )
     parser.add_argument(
         "--int8-min-cosine",
         type=float,

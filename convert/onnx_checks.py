@@ -92,22 +92,47 @@ def check_export(runner, graph: SentenceEmbeddingGraph, st, client, example: dic
 
 
 def quantize_checked(folder: Path, fp32_runner, st, client, min_cosine: float) -> dict:
-    """Write the int8 graph beside the fp32 one (`fp32_runner`: its session); refuse when a row's cosine to
-    fp32 is below the bound."""
-    from convert.onnx_int8 import INT8_FILE, agreement_texts, quantize, row_cosines
+    """Write the int8 graphs beside the fp32 one (`fp32_runner`: its session): onnxruntime's, and OpenVINO's where
+    the `openvino` extra is installed; refuse when a row's cosine to fp32 is below the bound."""
+    from convert.onnx_int8 import INT8_FILE, agreement_texts, quantize
 
     int8 = folder / "onnx" / INT8_FILE
     logger.info("quantising to int8 (%s)", int8.name)
     quantize(folder / GRAPH_FILE, int8)
     texts = agreement_texts(st.prompts or {})
-    fp32, quantized = embed(fp32_runner, client, texts), embed(session(int8), client, texts)
+    fp32 = embed(fp32_runner, client, texts)
+    agreement = int8_agreement(f"onnx/{INT8_FILE}", embed(session(int8), client, texts), fp32, min_cosine)
+    openvino = openvino_quantized(folder, fp32_runner, client, st, texts, fp32, min_cosine)
+    return {**agreement, "openvino": openvino} if openvino else agreement
+
+
+def openvino_quantized(folder: Path, fp32_runner, client, st, texts, fp32, min_cosine: float) -> dict | None:
+    """OpenVINO's static int8 (`convert/openvino_int8.py`) with its agreement, or None without the extra."""
+    from convert import openvino_int8
+
+    if not openvino_int8.available():
+        logger.info("OpenVINO or NNCF not installed: no OpenVINO int8 model (pip install 'moe-embed[openvino]')")
+        return None
+    logger.info("quantising for OpenVINO with NNCF (%s)", openvino_int8.OPENVINO_INT8_FILE)
+    inputs = {i.name for i in fp32_runner.get_inputs()}
+    feeds = openvino_int8.calibration_feeds(client, st.prompts or {}, inputs)
+    xml = folder / openvino_int8.OPENVINO_INT8_FILE
+    openvino_int8.quantize_openvino(folder / GRAPH_FILE, xml, feeds)
+    quantized = embed(openvino_int8.OpenVinoSession(xml), client, texts)
+    return int8_agreement(openvino_int8.OPENVINO_INT8_FILE, quantized, fp32, min_cosine)
+
+
+def int8_agreement(file: str, quantized, fp32, min_cosine: float) -> dict:
+    """Cosine of each int8 row to its fp32 row; refuse below `min_cosine`."""
+    from convert.onnx_int8 import row_cosines
+
     cos = row_cosines(quantized, fp32)
-    agreement = {"file": f"onnx/{INT8_FILE}", "texts": len(texts), "min_cosine": round(float(cos.min()), 4)}
+    agreement = {"file": file, "texts": len(fp32), "min_cosine": round(float(cos.min()), 4)}
     agreement["mean_cosine"] = round(float(cos.mean()), 4)
-    logger.info("int8 against fp32 over %d texts: cosine min %.4f, mean %.4f", len(texts), cos.min(), cos.mean())
+    logger.info("%s against fp32 over %d texts: cosine min %.4f, mean %.4f", file, len(fp32), cos.min(), cos.mean())
     if not cos.min() >= min_cosine:
         raise UsageError(
-            f"the int8 graph's cosine to fp32 falls to {cos.min():.4f} < --int8-min-cosine {min_cosine:g} "
+            f"the int8 model {file}: its cosine to fp32 falls to {cos.min():.4f} < --int8-min-cosine {min_cosine:g} "
             f"(mean {cos.mean():.4f}); export without --quantize or accept a lower bound"
         )
     return agreement

@@ -147,11 +147,24 @@ def usage_card(name: str, info: dict) -> str:
         routing = "Put the prompt of your task in front of each text, as `SentenceTransformer.encode` would."
     int8 = info.get("int8")
     int8_text = (
-        f"`{int8['file']}` (dynamic int8, per-channel weights) agrees with the fp32 graph at cosine min "
-        f"{int8['min_cosine']:.4f} / mean {int8['mean_cosine']:.4f} over {int8['texts']} texts (every prompt "
+        f"`{int8['file']}` (onnxruntime: dynamic int8, per-channel weights) agrees with the fp32 graph at cosine "
+        f"min {int8['min_cosine']:.4f} / mean {int8['mean_cosine']:.4f} over {int8['texts']} texts (every prompt "
         "and none), measured by the exporter."
         if int8
         else "No int8 graph (export with `--quantize int8` for one)."
+    )
+    openvino = (int8 or {}).get("openvino")
+    if openvino:
+        int8_text += (
+            f" `{openvino['file']}` (OpenVINO: static int8 by NNCF) agrees at cosine min "
+            f"{openvino['min_cosine']:.4f} / mean {openvino['mean_cosine']:.4f} over the same texts."
+        )
+    openvino_snippet = (
+        f"""
+For int8 on OpenVINO, compile `{openvino["file"]}` instead (no precision hint needed).
+"""
+        if openvino
+        else ""
     )
     inputs = ", ".join(f"`{i}`" for i in info["inputs"])
     outputs = ", ".join(f"`{o}`" for o in info["outputs"])
@@ -218,7 +231,7 @@ embeddings = compiled(feed)["sentence_embedding"]  # `feed` as for onnxruntime a
 ```
 
 Without the f32 hint, OpenVINO runs in bf16 on CPUs that have it (cosine to fp32 about 0.99).
-"""
+{openvino_snippet}"""
 
 
 __all__ = ["write_folder_files", "write_onnx_folder", "onnx_config", "usage_card"]

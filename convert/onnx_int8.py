@@ -9,8 +9,9 @@ fall to cosine 0.938 on some rows. The file is named as sentence-transformers na
 calibration data.
 
 Agreement is the cosine of each row's int8 embedding to the fp32 graph's, over `agreement_texts.txt`
-(47 English sentences written for this check: questions, reviews, news, captions, two one-word texts), each
-sent without a prompt and with every prompt the folder defines, so every expert is exercised.
+(47 English sentences written for this check: questions, reviews, news, captions, two one-word texts) and
+one long text made of them (cut at the input length), each sent without a prompt and with every prompt the
+folder defines, so every expert and the longest inputs are exercised.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def router_nodes(path: Path) -> list[str]:
 
 
 def agreement_texts(prompts: dict[str, str]) -> list[str]:
-    """The agreement texts, plain and behind each distinct prompt."""
+    """The agreement texts and one long text made of them (cut at the input length), plain and behind each
+    distinct prompt."""
     texts = [line for line in AGREEMENT_TEXTS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    texts.append(" ".join(texts))
     return texts + [prompt + text for prompt in dict.fromkeys(prompts.values()) for text in texts]
 
 

@@ -51,9 +51,11 @@ def test_serving_benchmark_runs(capsys):
     timing, accuracy = rows[:2], rows[2:]
     assert all(len(row) == 9 and float(row[-1].rstrip(" |")) > 0 for row in timing)
     assert "of dense" in timing[1][4] and "of dense" not in timing[0][4]
-    for row in accuracy:  # fp32, int8, their difference, for STS-B and SciFact
+    for row in accuracy:  # fp32, onnxruntime int8, its difference, OpenVINO int8, its difference; STS-B, SciFact
         values = [float(v.rstrip(" |")) for v in row[1:]]
-        assert abs(values[1] - values[0] - values[2]) < 0.011 and abs(values[4] - values[3] - values[5]) < 0.011
+        for fp32, int8, delta, ov, ov_delta in (values[:5], values[5:10]):
+            assert abs(int8 - fp32 - delta) < 0.011 and abs(ov - fp32 - ov_delta) < 0.011
+            assert 0 < fp32 <= 100 and 0 < int8 <= 100 and 0 < ov <= 100
 
 
 @pytest.mark.slow
@@ -64,10 +66,13 @@ def test_int8_accuracy_script_runs(trained_mote, capsys):
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(f"| {trained_mote.name} ")]
     assert len(rows) == 1
     values = [float(v.rstrip(" |")) for v in rows[0][1:]]
-    low, mean = values[:2]  # the exporter's agreement, then fp32, int8, delta for STS-B and SciFact
-    assert 0.5 < low <= mean <= 1.0 + 1e-6
-    for fp32, int8, delta in (values[2:5], values[5:8]):
+    # the exporter's agreement (onnxruntime min and mean, OpenVINO min), then per task fp32, int8, delta, OpenVINO
+    # int8, delta, for STS-B and SciFact
+    low, mean, ov_low = values[:3]
+    assert 0.5 < low <= mean <= 1.0 + 1e-6 and 0.5 < ov_low <= 1.0 + 1e-6
+    for fp32, int8, delta, ov, ov_delta in (values[3:8], values[8:13]):
         assert 0 < fp32 <= 100 and 0 < int8 <= 100 and abs(int8 - fp32 - delta) < 0.011
+        assert 0 < ov <= 100 and abs(ov - fp32 - ov_delta) < 0.011
 
 
 def test_int8_accuracy_script_refuses_bad_input(tmp_path, capsys):
@@ -119,6 +124,27 @@ def test_onnx_encoder_is_scored_by_mteb_as_its_sentence_transformer(trained_mote
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_int8_graphs_benchmark_runs(capsys):
+    quick = ["--batch-sizes", "2", "--seq-lens", "8", "--repeats", "1", "--min-time", "0.01"]
+    out = run_repo_script("benchmarks/int8_graphs.py", *quick, capsys=capsys)
+    header = next(line for line in out.splitlines() if line.startswith("| batch"))
+    assert "| package int8 |" in header and "| dynamo int8 |" in header
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 2 | 8 |")]
+    assert len(rows) == 1
+    for cell in rows[0][3:]:  # every graph shape embeds as PyTorch does, up to int8's rounding
+        assert float(cell.split("cos ")[1].rstrip(") |")) > 0.9, cell
+
+
+def test_ort_kernels_benchmark_runs(capsys):
+    out = run_repo_script(
+        "benchmarks/ort_kernels.py", "--shapes", "2x4", "--repeats", "1", "--min-time", "0.01", capsys=capsys
+    )
+    assert "int8 instructions" in out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 2 | 4 |")]
+    assert len(rows) == 1 and all(float(v.rstrip(" |")) > 0 for v in rows[0][2:])
+
+
 def test_int8_settings_script_runs(capsys):
     out = run_repo_script("benchmarks/int8_settings.py", "--data-dir", str(FIXTURE_DATA), "--texts", "4", capsys=capsys)
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| QInt8") or line.startswith("| QUInt8")]

@@ -29,6 +29,8 @@ SCRIPTS = [
     "benchmarks.bench_comoe",
     "benchmarks.bench_compile",
     "benchmarks.bench_serving",
+    "benchmarks.ort_kernels",
+    "benchmarks.int8_graphs",
     "benchmarks.bench_train",
 ]
 

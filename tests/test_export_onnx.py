@@ -202,7 +202,7 @@ def test_moe_and_comoe_folders_embed_as_encode(family, moe_dir, comoe_dir, moe_o
         ("exists", "already exists; pass --overwrite"),
         ("prompt-excluded", "pools without the prompt tokens"),
         ("task-ids-on-moe", "--task-ids-input applies to routed MoTE graphs"),
-        ("int8-bound", "the int8 graph's cosine to fp32 falls to"),
+        ("int8-bound", "its cosine to fp32 falls to"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(case, message, mote_dir, moe_dir, dense_path, tmp_path, capsys):

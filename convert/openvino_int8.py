@@ -1,0 +1,107 @@
+"""OpenVINO's own int8 beside the ONNX graphs: static quantisation by NNCF with a calibration set.
+
+OpenVINO runs the dynamic-quantisation ONNX file (`onnx_int8.py`) no faster than fp32: it is written for
+onnxruntime's `DynamicQuantizeLinear` / `MatInteger` kernels. OpenVINO's int8 path is static: NNCF inserts
+`FakeQuantize` on the weights and on the activations that feed them, with ranges measured on calibration
+data, and the CPU plug-in runs those matmuls in int8. This is what sentence-transformers'
+`export_static_quantized_openvino_model` does through optimum-intel; here NNCF quantises the exported ONNX
+graph directly (routing, prompts and pooling included), and the result is saved under sentence-transformers'
+file name, `openvino/openvino_model_qint8_quantized.xml` (+ `.bin`), weights kept in fp32 where not int8.
+
+Calibration: `calibration_texts.txt` (48 English sentences written for it, none of them among the agreement
+texts) and four long texts made of them (cut at the input length), plain and behind each distinct prompt,
+fed as a client feeds them (padding included), every batch holding every prompt, so every expert and the
+prompt handling see data in every batch. Routers are left out of quantisation (`ignored_scope`): an int8
+router could send a token to other experts than the fp32 graph does.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+OPENVINO_INT8_FILE = "openvino/openvino_model_qint8_quantized.xml"
+CALIBRATION_TEXTS = Path(__file__).resolve().parent / "calibration_texts.txt"
+
+
+def available() -> bool:
+    """Whether OpenVINO and NNCF are installed (the `openvino` extra)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("openvino", "nncf"))
+
+
+def calibration_feeds(client, prompts: dict[str, str], input_names: set[str], per_batch: int = 2) -> list[dict]:
+    """The calibration texts as client feeds (numpy, by input name): each batch holds `per_batch` texts, each
+    plain and behind every distinct prompt, so that every expert gets rows in every batch (a statistic over
+    an expert's empty input would be NaN and spoil its ranges)."""
+    from convert.onnx_graph import graph_inputs
+
+    lines = CALIBRATION_TEXTS.read_text(encoding="utf-8").splitlines()
+    texts = [line for line in lines if line.strip()]
+    # long inputs too: activations over hundreds of tokens reach ranges that sentences do not
+    texts += [" ".join(texts[start:] + texts[:start]) for start in range(0, len(texts), len(texts) // 4)]
+    variants = ["", *dict.fromkeys(prompts.values())]
+    feeds = []
+    for start in range(0, len(texts), per_batch):
+        batch = [prompt + text for text in texts[start : start + per_batch] for prompt in variants]
+        feed = graph_inputs(client, batch)
+        feeds.append({name: value.numpy() for name, value in feed.items() if name in input_names})
+    return feeds
+
+
+def quantize_openvino(fp32: Path, xml: Path, feeds: list[dict]) -> None:
+    """Statically quantise the ONNX graph `fp32` with NNCF on `feeds` and save it as `xml` (+ `.bin`)."""
+    import nncf
+    import openvino
+
+    logging.getLogger("nncf").setLevel(logging.WARNING)  # it logs every step at INFO
+    model = openvino.Core().read_model(str(fp32))
+    routers = [op.get_friendly_name() for op in model.get_ops() if is_router(op)]
+    quantized = nncf.quantize(
+        model,
+        nncf.Dataset(feeds),
+        model_type=nncf.ModelType.TRANSFORMER,
+        subset_size=len(feeds),
+        ignored_scope=nncf.IgnoredScope(names=routers, validate=False) if routers else None,
+    )
+    xml.parent.mkdir(parents=True, exist_ok=True)
+    openvino.save_model(quantized, str(xml), compress_to_fp16=False)
+
+
+def is_router(op) -> bool:
+    """A matmul by a router's weight (its constant input is named after it)."""
+    if op.get_type_name() != "MatMul":
+        return False
+    for value in op.input_values():
+        names = value.get_names() | {value.get_node().get_friendly_name()}
+        if any(".router." in name for name in names):
+            return True
+    return False
+
+
+class OpenVinoSession:
+    """An OpenVINO CPU model of an `.xml` (or ONNX) file behind onnxruntime's `InferenceSession` calls
+    (`get_inputs`, `run`), so that what embeds through a session (`onnx_graph.embed`, the benchmarks' mteb
+    encoder) embeds through OpenVINO too."""
+
+    def __init__(self, path: Path, threads: int | None = None, precision: str | None = None):
+        import openvino
+
+        config = {"INFERENCE_NUM_THREADS": threads} if threads else {}
+        if precision:
+            config["INFERENCE_PRECISION_HINT"] = precision
+        self.model = openvino.Core().compile_model(str(path), "CPU", config)
+        self.inputs = [SimpleNamespace(name=i.get_any_name()) for i in self.model.inputs]
+        self.outputs = [o.get_any_name() for o in self.model.outputs]
+
+    def get_inputs(self) -> list:
+        return self.inputs
+
+    def run(self, output_names, feed: dict) -> list:
+        result = self.model(feed)
+        return [result[name] for name in output_names or self.outputs]
+
+
+__all__ = ["OPENVINO_INT8_FILE", "available", "calibration_feeds", "quantize_openvino", "OpenVinoSession"]
