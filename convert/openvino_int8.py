@@ -17,6 +17,8 @@ router could send a token to other experts than the fp32 graph does.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -59,13 +61,15 @@ def quantize_openvino(fp32: Path, xml: Path, feeds: list[dict]) -> None:
     logging.getLogger("nncf").setLevel(logging.WARNING)  # it logs every step at INFO
     model = openvino.Core().read_model(str(fp32))
     routers = [op.get_friendly_name() for op in model.get_ops() if is_router(op)]
-    quantized = nncf.quantize(
-        model,
-        nncf.Dataset(feeds),
-        model_type=nncf.ModelType.TRANSFORMER,
-        subset_size=len(feeds),
-        ignored_scope=nncf.IgnoredScope(names=routers, validate=False) if routers else None,
-    )
+    # NNCF draws its progress bars on stdout, whatever its log level: a converter's stdout is its result line
+    with contextlib.redirect_stdout(io.StringIO()):
+        quantized = nncf.quantize(
+            model,
+            nncf.Dataset(feeds),
+            model_type=nncf.ModelType.TRANSFORMER,
+            subset_size=len(feeds),
+            ignored_scope=nncf.IgnoredScope(names=routers, validate=False) if routers else None,
+        )
     xml.parent.mkdir(parents=True, exist_ok=True)
     openvino.save_model(quantized, str(xml), compress_to_fp16=False)
 
