@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 
 INT8_FILE = "model_qint8_avx512_vnni.onnx"
+# what every router's weight is named with (`router.weight`): both int8 paths leave those matmuls in fp32
+ROUTER_NAME = ".router."
 AGREEMENT_TEXTS = Path(__file__).resolve().parent / "agreement_texts.txt"
 
 
@@ -58,7 +60,7 @@ def router_nodes(path: Path) -> list[str]:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    return [node.name for node in model.graph.node if any(".router." in name for name in node.input[1:])]
+    return [node.name for node in model.graph.node if any(ROUTER_NAME in name for name in node.input[1:])]
 
 
 def agreement_texts(prompts: dict[str, str]) -> list[str]:
@@ -73,4 +75,4 @@ def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-__all__ = ["INT8_FILE", "quantize", "agreement_texts", "row_cosines"]
+__all__ = ["INT8_FILE", "ROUTER_NAME", "quantize", "agreement_texts", "row_cosines"]

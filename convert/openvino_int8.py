@@ -76,11 +76,13 @@ def quantize_openvino(fp32: Path, xml: Path, feeds: list[dict]) -> None:
 
 def is_router(op) -> bool:
     """A matmul by a router's weight (its constant input is named after it)."""
+    from convert.onnx_int8 import ROUTER_NAME
+
     if op.get_type_name() != "MatMul":
         return False
     for value in op.input_values():
         names = value.get_names() | {value.get_node().get_friendly_name()}
-        if any(".router." in name for name in names):
+        if any(ROUTER_NAME in name for name in names):
             return True
     return False
 
