@@ -7,9 +7,11 @@
 Families, all from the bundled all-MiniLM-L6-v2: `dense` (the model every user compares with: plain BERT,
 mean pooling, normalisation), `mote` (upcycled to MoTE, routed in the graph: each batch mixes the four
 tasks by their prompts), `mote-query` (`--task query`: one task's experts, a plain graph), `moe` (token
-routed, 8 experts, top-2, every other layer) and `comoe` (LoRA experts, top-2 of 4, unmerged). Each is
-exported by `convert/export_onnx.py --quantize int8` (the dense one by the same tracing, without the
-MoTE-only parts). Backends: `torch` (the exported graph's PyTorch module, fp32, eager), `ort` and
+routed, 8 experts, top-2, every other layer), `comoe` (LoRA experts, top-2 of 4, unmerged) and
+`comoe-merged` (the same CoMoE folder through `moe-embed merge --calibration` first, the package's calibration
+texts: a dense graph; its `torch` is the merged model, so compare with the `comoe` row's `torch` for what
+merging gains). Each is exported by `convert/export_onnx.py --quantize int8` (the dense one by the same
+tracing, without the MoTE-only parts). Backends: `torch` (the exported graph's PyTorch module, fp32, eager), `ort` and
 `ort-int8` (onnxruntime CPU, as many threads as torch), `ov` (OpenVINO CPU reading `onnx/model.onnx`, f32
 precision hint) and `ov-int8` (OpenVINO's own static int8, `openvino/openvino_model_qint8_quantized.xml`).
 Inputs are random token ids, no padding; a MoTE row starts with its task's prompt
@@ -37,11 +39,11 @@ from benchmarks.common import batch_of, cpu_description, median_rates, prepare, 
 from convert.export_onnx import DEFAULT_MIN_COSINE
 from convert.onnx_graph import GRAPH_FILE
 from convert.onnx_int8 import INT8_FILE
-from convert.openvino_int8 import OPENVINO_INT8_FILE
+from convert.openvino_int8 import CALIBRATION_TEXTS, OPENVINO_INT8_FILE
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.usage import parse, run_cli
 
-FAMILIES = ("dense", "mote", "mote-query", "moe", "comoe")
+FAMILIES = ("dense", "mote", "mote-query", "moe", "comoe", "comoe-merged")
 BACKENDS = ("torch", "ort", "ort-int8", "ov", "ov-int8")
 INT8 = f"onnx/{INT8_FILE}"
 
@@ -51,6 +53,7 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
     from sentence_transformers import SentenceTransformer
 
     from convert.export_onnx import ExportOptions, export_onnx
+    from convert.merge_experts import MergeOptions, merge
     from convert.onnx_checks import quantize_checked
     from convert.onnx_folder import write_folder_files
     from convert.onnx_graph import SentenceEmbeddingGraph, build_graph, export_graph, graph_inputs, session
@@ -66,11 +69,13 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
         export_graph(graph, graph_inputs(client, ["an example", "two"]), out / GRAPH_FILE, None)
         quantize_checked(out, session(out / GRAPH_FILE), st, client, DEFAULT_MIN_COSINE)
         return out, graph
-    options = {"mote": {}, "mote-query": {}, "moe": {"arch": "moe", "expert_noise": 0.02}, "comoe": {"arch": "comoe"}}
-    source = work / family.split("-")[0]
+    options = {"mote": {}, "moe": {"arch": "moe", "expert_noise": 0.02}, "comoe": {"arch": "comoe"}}
+    source = work / family.split("-")[0]  # mote-query and comoe-merged start from the mote and comoe folders
     if not source.exists():
-        upcycle(UpcycleOptions(output=source, **options[family]))
+        upcycle(UpcycleOptions(output=source, **options[source.name]))
     task = "query" if family == "mote-query" else None
+    if family == "comoe-merged":
+        source = merge(MergeOptions(source, work / family, calibration=CALIBRATION_TEXTS))
     export_onnx(ExportOptions(model_dir=source, output=out, quantize="int8", task=task))
     st = SentenceTransformer(str(source), trust_remote_code=True, device="cpu")
     return out, build_graph(source, st, task)

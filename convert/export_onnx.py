@@ -1,9 +1,10 @@
-"""Export a MoTE, token-routed MoE or CoMoE folder to a portable ONNX folder that serving engines load.
+"""Export a MoTE, token-routed MoE, CoMoE or dense folder to a portable ONNX folder that serving engines load.
 
     moe-embed export models/mote-minilm --output models/mote-minilm-onnx                # routed
     moe-embed export models/mote-minilm --output models/mote-minilm-onnx --quantize int8
     moe-embed export models/mote-minilm --task query --output models/minilm-query-onnx  # one task
     moe-embed export models/moe-minilm --output models/moe-minilm-onnx
+    moe-embed export models/comoe-merged --output models/comoe-merged-onnx --quantize int8  # after `merge`
 
 (`python convert/export_onnx.py ...` is the same command.) The folder follows the contract that Text
 Embeddings Inference's ONNX backend, fastembed, OpenVINO and onnxruntime with a tokenizer read
@@ -18,7 +19,9 @@ folder's `max_seq_length`. Its extra outputs are `token_attention_mask` (the mas
 whose rows may have gained or lost the prompt) and `routed_task_ids` (each row's expert; -1 and NaN
 embeddings where a folder without a default task gets a row without a prompt). `--task-ids-input` adds a
 `task_ids` input (`(batch,)`, -1: the prompt decides) for clients that route by id. `--task` exports one
-task's experts at the dense model's cost.
+task's experts at the dense model's cost. A dense `bert` / `roberta` / `xlm-roberta` folder, such as the one
+`moe-embed merge` writes, exports as a plain graph: merging a CoMoE folder's LoRA experts first (`moe-embed
+merge --calibration`, an approximation whose agreement it prints) serves it at the dense model's speed.
 
 The model is traced with this package's model code by `torch.onnx.export(..., dynamo=True)`. Every export
 is checked on batches unlike the example: against the PyTorch graph (all outputs) and, tokenised by the
@@ -72,14 +75,14 @@ class ExportOptions:
 def export_onnx(options: ExportOptions) -> Path:
     """Write the ONNX folder `options` describe; returns its path."""
     from convert.onnx_folder import write_onnx_folder
-    from moe_embed.folders import EXPERT_MODELS, check_output, open_model_folder
+    from moe_embed.folders import EXPORTABLE_MODELS, check_output, open_model_folder
 
     if (Path(options.model_dir) / "aea_config.json").is_file():
         raise UsageError(
             f"{options.model_dir} is an AEA folder: its per-token expert budgets are set by hooks at run time, which "
             "a static graph cannot hold; export the MoE model it was calibrated from"
         )
-    opened = open_model_folder(options.model_dir, EXPERT_MODELS)
+    opened = open_model_folder(options.model_dir, EXPORTABLE_MODELS)
     if options.task and opened.model_type != "mote_bert":
         raise UsageError("--task applies to MoTE folders; a token-routed model has no task experts")
     if options.task_ids_input and opened.model_type != "mote_bert":
@@ -90,7 +93,7 @@ def export_onnx(options: ExportOptions) -> Path:
 
 def build_parser(prog: str | None = None):
     parser = command_parser(__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[1], prog)
-    parser.add_argument("model_dir", help="MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder")
+    parser.add_argument("model_dir", help="MoTE, token-routed MoE, CoMoE or dense (bert, roberta, xlm-roberta) folder")
     parser.add_argument("--output", required=True, help="folder to write (onnx/model.onnx, tokenizer, configs, README)")
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     parser.add_argument("--task", help="MoTE: export only this task's experts, as a plain graph")

@@ -67,7 +67,10 @@ def st_head(folder: Path, model) -> list[nn.Module]:
 
 
 def load_model(folder: Path, task: str | None = None) -> nn.Module:
-    """The folder's weights in this package's model class (fp32, eval); `task` loads only that task's experts."""
+    """The folder's weights in this package's model class, or transformers' for a dense folder (fp32, eval);
+    `task` loads only that task's experts."""
+    from transformers import AutoModel
+
     from modeling.modeling_comoe import CoMoeBertModel
     from modeling.modeling_moe import MoeBertModel
     from modeling.modeling_mote import MoteBertModel
@@ -75,7 +78,8 @@ def load_model(folder: Path, task: str | None = None) -> nn.Module:
     classes = {"mote_bert": MoteBertModel, "moe_bert": MoeBertModel, "comoe_bert": CoMoeBertModel}
     kwargs = {"active_tasks": [task]} if task else {}
     model_type = read_json(folder / "config.json")["model_type"]
-    model = classes[model_type].from_pretrained(str(folder), dtype=torch.float32, **kwargs)
+    model_class = classes.get(model_type, AutoModel)  # a dense folder: transformers' own class
+    model = model_class.from_pretrained(str(folder), dtype=torch.float32, **kwargs)
     return model.eval()
 
 

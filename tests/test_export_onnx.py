@@ -3,13 +3,23 @@ a client feeds them (the folder's `tokenizer.json` alone), on batches unlike the
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 import pytest
 import torch
-from conftest import TEXTS, client_feed, read_json, run_isolated, run_main, tiny_family_model, tiny_mote_config
+from conftest import (
+    TEXTS,
+    client_feed,
+    read_json,
+    run_isolated,
+    run_main,
+    save_trained_copy,
+    tiny_family_model,
+    tiny_mote_config,
+)
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.models import Pooling
 
@@ -191,10 +201,39 @@ def test_moe_and_comoe_folders_embed_as_encode(family, moe_dir, comoe_dir, moe_o
     assert read_json(out / "onnx_config.json")["int8"]["min_cosine"] >= 0.9
 
 
+def test_merged_comoe_exports_as_a_plain_dense_graph(comoe_dir, tmp_path, capsys):
+    """CoMoE served at the dense model's speed: `merge` folds the LoRA experts in, `export` writes a plain graph
+    (no router, no top-k) that embeds as the merged folder's `encode` and has every weight matmul in int8."""
+    import onnx
+
+    from convert.merge_experts import main as merge_main
+    from convert.onnx_int8 import INT8_FILE
+
+    trained, merged, out = tmp_path / "comoe-trained", tmp_path / "merged", tmp_path / "merged-onnx"
+    save_trained_copy(comoe_dir, trained, seed=3)  # LoRA experts that matter (upcycled B is 0)
+    calibration = tmp_path / "calibration.txt"
+    calibration.write_text("\n".join(TEXTS) + "\n")
+    code, err = run_main(
+        merge_main, str(trained), "--output", str(merged), "--calibration", str(calibration), capsys=capsys
+    )
+    assert code == 0, err
+    code, err = export(capsys, str(merged), "--output", str(out), "--quantize", "int8", "--int8-min-cosine", "0.9")
+    assert code == 0, err
+    info = read_json(out / "onnx_config.json")
+    assert info["source_model_type"] == "bert" and info["outputs"] == ["sentence_embedding", "token_embeddings"]
+    st = SentenceTransformer(str(merged))  # a dense folder: no remote code
+    texts = [st.prompts["query"] + TEXTS[0], *TEXTS[1:], LONG]
+    assert np.abs(run(out, client_feed(out, texts))[0] - st.encode(texts)).max() <= 1e-4
+    ops = Counter(node.op_type for node in onnx.load(str(out / "onnx" / INT8_FILE)).graph.node)
+    # no routing left, and the six linears of each of the six layers in int8, as in the dense model
+    assert ops["TopK"] == 0 and ops["MatMulInteger"] == 6 * 6, ops
+    assert not (trained / "onnx").exists() and not (merged / "onnx").exists()  # inputs untouched
+
+
 @pytest.mark.parametrize(
     "case, message",
     [
-        ("dense", "holds model_type='bert'; expected a MoTE (mote_bert)"),
+        ("other-type", "holds model_type='gpt2'; expected a MoTE (mote_bert)"),
         ("task-on-moe", "--task applies to MoTE folders"),
         ("unknown-task", "Unknown task 'legal'"),
         ("opset", "--opset must lie in 18..23"),
@@ -205,10 +244,10 @@ def test_moe_and_comoe_folders_embed_as_encode(family, moe_dir, comoe_dir, moe_o
         ("int8-bound", "its cosine to fp32 falls to"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(case, message, mote_dir, moe_dir, dense_path, tmp_path, capsys):
+def test_bad_input_is_one_line_and_exit_2(case, message, mote_dir, moe_dir, tmp_path, capsys):
     out = tmp_path / "out"
     args = {
-        "dense": [dense_path],
+        "other-type": [str(tmp_path / "gpt2")],
         "task-on-moe": [moe_dir, "--task", "query"],
         "unknown-task": [mote_dir, "--task", "legal"],
         "opset": [mote_dir, "--opset", "9"],
@@ -222,6 +261,9 @@ def test_bad_input_is_one_line_and_exit_2(case, message, mote_dir, moe_dir, dens
         shutil.copytree(mote_dir, tmp_path / "no-prompt")
         pooling = tmp_path / "no-prompt" / "1_Pooling" / "config.json"
         pooling.write_text(json.dumps({**read_json(pooling), "include_prompt": False}))
+    if case == "other-type":
+        (tmp_path / "gpt2").mkdir()
+        (tmp_path / "gpt2" / "config.json").write_text('{"model_type": "gpt2"}')
     if case == "aea":
         (tmp_path / "aea").mkdir()
         (tmp_path / "aea" / "config.json").write_text("{}")
