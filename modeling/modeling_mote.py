@@ -42,8 +42,8 @@ class MoteModelOutput(BaseModelOutputWithPooling):
 
 @dataclass(frozen=True)
 class MoteRouting:
-    """Routing of one batch: `(expert, start_row, end_row)` for each task present in the task-sorted batch,
-    or, in a traced graph (`segments=None`), the expert index of each row in input order."""
+    """Routing of one batch, whose rows are sorted by task: `(expert, start_row, end_row)` for each task present,
+    or, in a traced graph (`segments=None`), the expert index of each (sorted) row."""
 
     segments: tuple[tuple[int, int, int], ...] | None
     task_ids: torch.LongTensor | None = None
@@ -74,12 +74,17 @@ class MoteBertLayer(EncoderLayer):
         self.experts = nn.ModuleDict({str(i): MoteBertExpert(config) for i in active_expert_indices(config)})
 
     def feed_forward(self, attention_output: torch.Tensor, routing: MoteRouting):
-        if routing.segments is None:  # graph-safe: each expert on the rows of its task, found by tensor ops
-            output = torch.zeros_like(attention_output)
+        if routing.segments is None:  # graph-safe: the rows of each task, found by tensor ops, in expert order
             task_ids = routing.task_ids.to(attention_output.device)
-            for key, expert in self.experts.items():
-                rows = (task_ids == int(key)).nonzero().squeeze(-1)
-                output = output.index_copy(0, rows, expert(attention_output.index_select(0, rows)))
+            # the batch is sorted by task and every row has a loaded expert: concatenated, the experts' outputs
+            # are the rows in order (no scatter into a zero tensor per expert)
+            output = torch.cat(
+                [
+                    expert(attention_output.index_select(0, (task_ids == int(key)).nonzero().squeeze(-1)))
+                    for key, expert in self.experts.items()
+                ]
+            )
+            torch._check(output.shape[0] == attention_output.shape[0])  # for the tracer: every row once
             return output, None
         if len(routing.segments) == 1:
             return self.experts[str(routing.segments[0][0])](attention_output), None
@@ -295,17 +300,14 @@ class MoteBertModel(MoteBertPreTrainedModel):
             ids = torch.full((batch_size,), index, dtype=torch.long, device=reference.device)
             routing = MoteRouting(((index, 0, batch_size),))
         elif is_exporting() and task is None and input_ids is not None:
-            ids = graph_task_ids(self.config, input_ids, task_ids)
-            unrouted = (ids < 0) | (ids >= self.config.num_tasks)
-            routing = MoteRouting(None, ids)
+            routing, order, ids, unrouted = self._graph_routing(input_ids, task_ids)
         else:
             ids = resolve_task_ids(self.config, batch_size, reference.device, task, task_ids, input_ids)
             routing, order = self._sorted_routing(ids, batch_size)
-            if order is not None:
-                input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = (
-                    _take_rows(t, order)
-                    for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-                )
+        if order is not None:
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = (
+                _take_rows(t, order) for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
+            )
 
         backbone = self.forward_backbone(
             input_ids,
@@ -327,7 +329,8 @@ class MoteBertModel(MoteBertPreTrainedModel):
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(batch_size, device=order.device)
             inverse = inverse.to(last.device)  # the last layer may sit on another device (device map)
-            last, pooled = _take_rows(last, inverse), _take_rows(pooled, inverse)
+            last = last.index_select(0, inverse)  # every row: not `_take_rows`, whose size test a tracer cannot decide
+            pooled = pooled.index_select(0, inverse) if pooled is not None else None
             hidden = tuple(h[inverse] for h in hidden) if hidden is not None else None
             attentions = tuple(a[inverse] for a in attentions) if attentions is not None else None
         if unrouted is not None:  # graph outputs of rows with no task: NaN, the only error a graph can give
@@ -350,6 +353,18 @@ class MoteBertModel(MoteBertPreTrainedModel):
                 segments.append((expert, start, start + count))
                 start += count
         return MoteRouting(tuple(segments)), order
+
+    def _graph_routing(self, input_ids: torch.Tensor, task_ids=None):
+        """`(routing, order, ids, unrouted)` by tensor ops only, for a traced graph: each row's expert
+        (`graph_task_ids`), the rows sorted by it as the eager path sorts them, and the rows with no loaded
+        expert, which run through the first expert and come out NaN."""
+        ids = graph_task_ids(self.config, input_ids, task_ids)
+        indices = active_expert_indices(self.config)
+        unrouted = ~(ids.unsqueeze(1) == torch.tensor(indices, device=ids.device)).any(1)
+        experts = ids.masked_fill(unrouted, indices[0])
+        # unique keys, so the sort is stable without a stable sort (which ONNX has not)
+        order = torch.argsort(experts * ids.shape[0] + torch.arange(ids.shape[0], device=ids.device))
+        return MoteRouting(None, experts[order]), order, ids, unrouted
 
     def _check_experts_present(self, experts: list[int]) -> None:
         """Raise a clear error when a requested task's experts were dropped or offloaded."""
