@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "push": ("convert.push_to_hub", "main", "validate a folder and publish it to the Hugging Face Hub"),
     "calibrate-aea": ("convert.calibrate_aea", "main", "AEA expert allocation for a trained MoE model"),
     "train": ("training.train", "main", "task-aware contrastive training (TA-CL) from a YAML config"),
+    "embed": ("training.embed", "main", "embed a corpus on Ray Data (this machine or a cluster), resumable"),
     "mine": ("training.data_tools", "main_mine", "positive-aware hard-negative mining of JSONL pairs"),
     "filter": ("training.data_tools", "main_filter", "consistency filtering of JSONL pairs"),
     "evaluate": ("evaluation.run", "main", "scores on the evaluation suite's MTEB tasks, by mteb"),

@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from moe_embed.folders import check_output
@@ -30,21 +30,28 @@ def write_json(path: str | os.PathLike, data) -> None:
     Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, overwrite: bool = False) -> Path:
-    """Write `text` to `path` through a temporary sibling renamed at the end; refuse an existing `path`
-    without `overwrite`."""
-    path = check_output(path, overwrite=overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:
+    """`write(temporary)` to a temporary sibling of `path`, renamed to `path` once written: readers see the whole
+    file or none (the folder must exist; an existing `path` is replaced)."""
+    path = Path(path)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    os.close(handle)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
+        write(temporary)
         _apply_umask(Path(temporary))
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
     return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, overwrite: bool = False) -> Path:
+    """Write `text` to `path` through a temporary sibling renamed at the end; refuse an existing `path`
+    without `overwrite`."""
+    path = check_output(path, overwrite=overwrite)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write(path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))
 
 
 @contextlib.contextmanager
@@ -80,4 +87,4 @@ def _apply_umask(path: Path) -> None:
     path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
-__all__ = ["read_json", "write_json", "atomic_write_text", "atomic_output_dir"]
+__all__ = ["read_json", "write_json", "atomic_write", "atomic_write_text", "atomic_output_dir"]

@@ -9,7 +9,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet "${MOE_EMBED_TORCH:-torch==2.13.0}"
-.venv/bin/python -m pip install --quiet -e ".[dev,train,analysis,onnx,openvino]"
+.venv/bin/python -m pip install --quiet -e ".[dev,train,analysis,onnx,openvino,ray]"
 # fastembed, a serving client the ONNX export is tested against, in a venv of its own: it pins
 # huggingface-hub below 2, which transformers 5 does not accept beside it (tests/test_serving_clients.py)
 if [ ! -x .venv-fastembed/bin/python ]; then

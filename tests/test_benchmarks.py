@@ -228,3 +228,13 @@ def test_comoe_benchmark_runs(comoe_dir, capsys):
     lines = out.strip().splitlines()
     assert any(line.startswith("| 2 | 16 |") and line.count("|") == 8 for line in lines)
     assert sum(line.startswith(("| CoMoE", "| MoE-LoRA", "| LoRA", "| full")) for line in lines) == 4
+
+
+@pytest.mark.slow
+def test_embed_benchmark_runs(capsys):
+    args = ["--sizes", "40", "--methods", "encode,ray", "--rounds", "1", "--memory-sizes", "20,200"]
+    out = run_repo_script("benchmarks/bench_embed.py", *args, capsys=capsys)
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 40 |") or line.startswith("| 20 |")]
+    assert len(rows) == 2 and len(rows[0]) == 5 and all(float(cell.strip(" |")) > 0 for cell in rows[0][1:4])
+    memory = [line.split(" | ") for line in out.splitlines() if line.startswith("| 200 |")]
+    assert len(memory) == 1 and float(memory[0][2]) > 0 and float(memory[0][3].rstrip(" |")) > 0  # driver, worker

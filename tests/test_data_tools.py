@@ -1,14 +1,14 @@
-"""training.data_tools: hard-negative mining with the positive-aware margin, consistency filtering."""
+"""training.data_tools: hard-negative mining with the positive-aware margin, consistency filtering, embedded
+through `moe-embed embed` and searched with faiss."""
 
 import json
 
 import numpy as np
 import pytest
-import torch
 from sentence_transformers import SentenceTransformer
 
 from moe_embed.usage import run_cli
-from training.data_tools import consistency_filter, main, mine
+from training.data_tools import consistency_keep, main, positive_index
 
 PAIRS = [
     {"anchor": "what do cats eat", "positive": "Cats eat meat and fish."},
@@ -28,14 +28,28 @@ def minilm(dense_path):
     return SentenceTransformer(dense_path)
 
 
+@pytest.fixture(autouse=True)
+def local_ray(ray_session):
+    """`mine` and `filter` embed through `moe-embed embed`, on the session's local Ray."""
+
+
 def _scores(model, anchors, docs):
     return model.encode(anchors, normalize_embeddings=True) @ model.encode(docs, normalize_embeddings=True).T
 
 
+def run_tool(command: str, rows: list[dict], model: str, tmp_path, *options: str) -> list[dict]:
+    """`moe-embed mine|filter` on `rows` as a user runs it; the rows it writes."""
+    source, out = tmp_path / "pairs.jsonl", tmp_path / f"{command}.jsonl"
+    source.write_text("".join(json.dumps(p) + "\n" for p in rows))
+    main([command, str(source), "--model", model, "--output", str(out), "--overwrite", *options])
+    return [json.loads(line) for line in out.read_text().splitlines()]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("margin", [0.95, 0.8])
-def test_mined_negative_is_the_best_candidate_under_the_margin(minilm, margin):
-    triplets = mine(PAIRS, minilm, margin=margin, num_negatives=1, range_max=10, batch_size=8)
+def test_mined_negative_is_the_best_candidate_under_the_margin(minilm, dense_path, margin, tmp_path):
+    options = ("--margin", str(margin), "--range-max", "10", "--batch-size", "8", "--rows-per-shard", "3")
+    triplets = run_tool("mine", PAIRS, dense_path, tmp_path, *options)
     docs = [p["positive"] for p in PAIRS]
     scores = _scores(minilm, [p["anchor"] for p in PAIRS], docs)
     expected = []
@@ -48,51 +62,33 @@ def test_mined_negative_is_the_best_candidate_under_the_margin(minilm, margin):
     assert any(scores[i, j] >= 0.8 * scores[i, i] for i in range(len(docs)) for j in range(len(docs)) if i != j)
 
 
-class BatchNoiseEmbeddings:
-    """A stand-in model with known embeddings plus a small error that depends on the batch a text is
-    encoded in, as padding and BLAS give real models: the same text in two batches gets two
-    slightly different vectors (an extra coordinate of 1e-3 x the batch's character count)."""
+def test_consistency_rank_counts_distinct_positives_and_ties_are_not_above():
+    """On known vectors: a positive shared by two anchors is one column, and an equal score is not above."""
+    vectors = {
+        "q1": [1.0, 0.0, 0.0],
+        "q3": [0.0, 1.0, 0.0],
+        "shared answer": [1.0, 0.0, 0.0],
+        "other": [0.6, 0.8, 0.0],
+        "far": [0.0, 0.0, 1.0],
+    }
+    positives = ["shared answer", "far", "other"]
+    index = positive_index(iter([np.array([vectors[p] for p in positives], dtype=np.float32)]))
+    anchors = ["q1", "q3", "q3", "q1"]
+    own = np.array([0, 1, 2, 0])  # q3 -> far: "other" (0.8) is above it, "shared answer" (0.0) ties with it
 
-    prompts: dict = {}
+    def keep(top_k, shards):  # the anchors arrive in shards of any size
+        vectors_ = np.array([vectors[a] for a in anchors], dtype=np.float32)
+        parts = np.split(vectors_, shards)
+        return consistency_keep(iter(parts), index, own, top_k).tolist()
 
-    def __init__(self, vectors: dict[str, list[float]]):
-        self.vectors = vectors
-
-    def encode(self, texts, batch_size, **kwargs):
-        rows = []
-        for start in range(0, len(texts), batch_size):
-            batch = texts[start : start + batch_size]
-            error = 1e-3 * len("".join(batch))
-            rows += [[*self.vectors[t], error] for t in batch]
-        return torch.nn.functional.normalize(torch.tensor(rows), dim=-1)
-
-
-def test_consistency_filter_rank_counts_distinct_positives_and_ties_are_not_above():
-    model = BatchNoiseEmbeddings(
-        {
-            "q1": [1.0, 0.0, 0.0],
-            "q2": [1.0, 0.0, 0.0],
-            "q3": [0.0, 1.0, 0.0],
-            "shared answer": [1.0, 0.0, 0.0],
-            "other": [0.6, 0.8, 0.0],
-            "far": [0.0, 0.0, 1.0],
-        }
-    )
-    rows = [
-        {"anchor": "q1", "positive": "shared answer"},  # q1 and q2 share a positive: a tie, not a rank above
-        {"anchor": "q3", "positive": "far"},  # "other" (0.8) is above; "shared answer" (0.0) ties with "far" (0.0)
-        {"anchor": "q3", "positive": "other"},  # q3's best positive
-        {"anchor": "q2", "positive": "shared answer"},  # in another batch than row 0's copy of the same text
-    ]
-    assert consistency_filter(rows, model, top_k=1, batch_size=2) == [rows[0], rows[2], rows[3]]
-    assert consistency_filter(rows, model, top_k=2, batch_size=2) == rows
-    # A duplicated row counts once: rank is over distinct texts, so duplicating "other" changes nothing.
-    assert consistency_filter(rows + [rows[2]], model, top_k=1, batch_size=3) == [rows[0], rows[2], rows[3], rows[2]]
+    for shards in ([1], [2, 3], [4]):
+        assert keep(1, shards) == [True, False, True, True]
+        assert keep(2, shards) == [True, True, True, True]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("top_k", [1, 2, 3])
-def test_consistency_filter_keeps_pairs_whose_positive_ranks_in_the_top_k(minilm, top_k):
+def test_consistency_filter_keeps_pairs_whose_positive_ranks_in_the_top_k(minilm, dense_path, top_k, tmp_path):
     noisy = PAIRS + [
         {"anchor": "capital of france", "positive": "Everest is a mountain in Nepal."},
         {"anchor": "what do cats eat", "positive": "Dogs eat meat and kibble."},
@@ -104,22 +100,29 @@ def test_consistency_filter_keeps_pairs_whose_positive_ranks_in_the_top_k(minilm
     gaps = [abs(scores[i, j] - own[i]) for i, p in enumerate(noisy) for j, d in enumerate(docs) if d != p["positive"]]
     assert min(gaps) > 1e-3
     expected = [row for i, row in enumerate(noisy) if (scores[i] > own[i]).sum() < top_k]
-    for batch_size in (1, 8):
-        assert consistency_filter(noisy, minilm, top_k=top_k, batch_size=batch_size) == expected
+    for rows_per_shard in ("1", "4"):
+        options = ("--top-k", str(top_k), "--rows-per-shard", rows_per_shard, "--batch-size", "3")
+        assert run_tool("filter", noisy, dense_path, tmp_path, *options) == expected
     assert noisy[-1] not in expected or top_k > 1
 
 
 def test_cli_and_bad_input(dense_path, tmp_path, capsys):
     source = tmp_path / "pairs.jsonl"
     source.write_text("".join(json.dumps(p) + "\n" for p in PAIRS))
-    out = tmp_path / "kept.jsonl"
-    main(["filter", str(source), "--model", dense_path, "--output", str(out), "--top-k", "2"])
+    out, work = tmp_path / "kept.jsonl", tmp_path / "work"
+    main(["filter", str(source), "--model", dense_path, "--output", str(out), "--top-k", "2", "--work-dir", str(work)])
     assert 0 < len(out.read_text().splitlines()) <= len(PAIRS)
+    assert (work / "anchors" / "part-000000.parquet").is_file()  # the embeddings are kept in a given --work-dir
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"anchor": "a", "answer": "b"}) + "\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"anchor": "a", "positive": " "}) + "\n")
     for args, message in [
         (["mine", str(bad)], "lacks `anchor` or `positive`"),
+        (["mine", str(empty)], "has an empty `anchor` or `positive`"),
         (["mine", str(tmp_path / "none.jsonl")], "not found"),
+        (["mine", str(source), "--margin", "1.5", "--overwrite"], "--margin must lie in (0, 1]"),
+        (["filter", str(source), "--top-k", "0", "--overwrite"], "--top-k must be at least 1"),
         (["filter", str(source)], "already exists; pass --overwrite"),
     ]:
         with pytest.raises(SystemExit) as exit_:

@@ -1,34 +1,45 @@
 """Data tools for contrastive training sets in JSONL (`anchor`, `positive`[, `negative`]).
 
     moe-embed mine   pairs.jsonl --model MODEL --output triplets.jsonl [--margin 0.95]
-    moe-embed filter pairs.jsonl --model MODEL --output kept.jsonl [--top-k 20]
+    moe-embed filter pairs.jsonl --model MODEL --output kept.jsonl [--top-k 20] [--address auto]
 
-(`python -m training.data_tools mine|filter ...` is the same command.)
+(`python -m training.data_tools mine|filter ...` is the same command.) Both embed through `moe-embed embed`
+(`training/embed.py`: Ray Data, on this machine or a cluster with `--address`): the anchors with the model's
+`query` prompt, each distinct positive text once with its `document` (or `passage`) prompt, where the model
+defines them. The embeddings go to `--work-dir` (a temporary folder by default; a given one lets a stopped run
+resume), and the search is faiss's exact inner-product index over the normalised positives, queried a shard of
+anchors at a time: no similarity matrix, and no more than one shard of anchors in memory beside the index.
 
 `mine`: positive-aware hard-negative mining (MoTE paper eq. 5, NV-Retriever): for each anchor, the
-most similar corpus texts (the dataset's positives) are candidates, and a candidate is kept as a
-negative only if its score is below `margin` × the positive's score, which keeps false negatives
-out. Done by `sentence_transformers.util.mine_hard_negatives` with `relative_margin = 1 - margin`.
+`--range-max` positives of the dataset most similar to it (other than the anchor's own positives) are
+candidates, and a candidate is kept as a negative only if its score is below `margin` × the positive's score,
+which keeps false negatives out; the best `--num-negatives` are kept.
 
-`filter`: consistency filtering (Nomic Embed, E5): a pair is kept only if its positive ranks in the
-top-k of the dataset's distinct positive texts for its anchor under a teacher model (an exact
-duplicate of its own positive ties with it and is not ranked above it).
-
-Models get `query`/`document` prompts when they define them.
+`filter`: consistency filtering (Nomic Embed, E5): a pair is kept only if its positive ranks in the top-k of
+the dataset's distinct positive texts for its anchor under a teacher model (an exact duplicate of its own
+positive ties with it and is not ranked above it; scores within 1e-6 of its own count as ties).
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from moe_embed.files import atomic_write_text
-from moe_embed.folders import check_output, load_sentence_transformer
+from moe_embed.folders import check_output
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from training.embed import add_ray_options
+
+TIE = 1e-6  # scores this close to a pair's own count as ties (faiss and numpy round differently)
+CHUNK = 4096  # anchors searched at a time
 
 
 def read_pairs(path: Path) -> list[dict]:
-    """Rows of a JSONL file, each with `anchor` and `positive`."""
+    """Rows of a JSONL file, each with a non-empty `anchor` and `positive`."""
     if not path.is_file():
         raise UsageError(f"input file {path} not found")
     rows = []
@@ -42,6 +53,8 @@ def read_pairs(path: Path) -> list[dict]:
                 raise UsageError(f"{path}:{number} is not valid JSON") from None
             if not isinstance(row, dict) or "anchor" not in row or "positive" not in row:
                 raise UsageError(f"{path}:{number} lacks `anchor` or `positive`")
+            if not all(isinstance(row[key], str) and row[key].strip() for key in ("anchor", "positive")):
+                raise UsageError(f"{path}:{number} has an empty `anchor` or `positive`")
             rows.append(row)
     if not rows:
         raise UsageError(f"{path} holds no rows")
@@ -53,71 +66,117 @@ def write_rows(path: Path, rows: list[dict], overwrite: bool) -> None:
     atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), overwrite)
 
 
-def _prompt(model, names: tuple[str, ...]) -> str | None:
-    return next((model.prompts[n] for n in names if n in (model.prompts or {})), None)
+def prompt_name(prompts: dict, names: tuple[str, ...]) -> str | None:
+    """The first of `names` the model has a prompt for."""
+    return next((n for n in names if n in prompts), None)
 
 
-def mine(rows: list[dict], model, margin: float, num_negatives: int, range_max: int, batch_size: int) -> list[dict]:
-    """One row per (anchor, positive, hard negative) that passes the positive-aware margin."""
-    from datasets import Dataset
-    from sentence_transformers.util import mine_hard_negatives
+def embed_texts(texts: list[str], name: str, task: str | None, options, work: Path) -> Iterator[np.ndarray]:
+    """Embed `texts` with `moe-embed embed` into `work/name/` and yield their L2-normalised float32 vectors, one
+    shard at a time, in order. `options`: the `EmbedOptions` of the job (model, Ray settings)."""
+    import pyarrow.parquet as pq
 
-    if not 0 < margin <= 1:
-        raise UsageError(f"--margin must lie in (0, 1], got {margin}")
-    dataset = Dataset.from_dict({"anchor": [r["anchor"] for r in rows], "positive": [r["positive"] for r in rows]})
-    mined = mine_hard_negatives(
-        dataset,
-        model,
-        relative_margin=1.0 - margin,
-        num_negatives=num_negatives,
-        range_max=range_max,
-        sampling_strategy="top",
-        output_format="triplet",
-        batch_size=batch_size,
-        use_faiss=False,
-        query_prompt=_prompt(model, ("query",)),
-        corpus_prompt=_prompt(model, ("document", "passage")),
-        verbose=False,
-    )
-    return [{"anchor": r["anchor"], "positive": r["positive"], "negative": r["negative"]} for r in mined]
+    from training.embed import embed_corpus
+
+    corpus = work / f"{name}.jsonl"
+    text = "".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts))
+    # rewritten only when it changed: the same command on the same --work-dir resumes, other pairs are another job
+    if not corpus.is_file() or corpus.read_text(encoding="utf-8") != text:
+        atomic_write_text(corpus, text, overwrite=True)
+    output = work / name
+    report = embed_corpus(options.__class__(**{**vars(options), "input": str(corpus), "output": output, "task": task}))
+    if report.bad_rows:  # read_pairs refuses empty texts, so this is a model that failed on a row
+        raise UsageError(f"{report.bad_rows} {name} were not embedded: {output / 'bad_rows.jsonl'}")
+    seen = 0
+    for shard in sorted(output.glob("part-*.parquet")):
+        table = pq.read_table(shard)
+        ids = table.column("id").to_pylist()
+        if ids != [str(i) for i in range(seen, seen + len(ids))]:
+            raise UsageError(f"{shard} does not hold rows {seen}.. of {corpus} in order; delete {work} and rerun")
+        seen += len(ids)
+        vectors = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32).reshape(len(ids), -1)
+        yield vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
-def consistency_filter(rows: list[dict], model, top_k: int, batch_size: int) -> list[dict]:
-    """The rows whose positive ranks in the top-k of all positives for their anchor.
+def positive_index(vectors: Iterator[np.ndarray]):
+    """faiss's exact inner-product index over the normalised positives, filled a shard at a time."""
+    import faiss
 
-    A pair's rank is the number of *distinct* positive texts that score strictly above its own
-    positive. Positives are encoded once per distinct text, so an exact duplicate of a pair's
-    positive (common in real data: two questions with one answer) shares its embedding, ties with
-    it exactly and is never "ranked above" it, whatever the batch composition.
-    """
-    import torch
+    index = None
+    for chunk in vectors:
+        index = index or faiss.IndexFlatIP(chunk.shape[1])
+        index.add(chunk)
+    return index
 
-    if top_k < 1:
-        raise UsageError(f"--top-k must be at least 1, got {top_k}")
-    distinct = list(dict.fromkeys(r["positive"] for r in rows))  # first-seen order
+
+def chunks(vectors: Iterator[np.ndarray], size: int = CHUNK) -> Iterator[tuple[int, np.ndarray]]:
+    """`(first row, vectors)` of at most `size` rows, from shards of any size."""
+    start, pending = 0, []
+    for shard in vectors:
+        pending.append(shard)
+        while sum(len(p) for p in pending) >= size:
+            joined = np.concatenate(pending)
+            yield start, joined[:size]
+            start, pending = start + size, [joined[size:]]
+    if pending and sum(len(p) for p in pending):
+        yield start, np.concatenate(pending)
+
+
+def consistency_keep(anchors: Iterator[np.ndarray], index, own: np.ndarray, top_k: int) -> np.ndarray:
+    """Per anchor, whether fewer than `top_k` distinct positives score above its own positive (column `own`)."""
+    keep = np.zeros(len(own), dtype=bool)
+    k = min(top_k, index.ntotal)
+    for start, queries in chunks(anchors):
+        columns = own[start : start + len(queries)]
+        own_scores = (queries * index.reconstruct_batch(columns)).sum(axis=1)
+        scores, _ = index.search(queries, k)
+        # the k-th best is at most the pair's own: at most k - 1 positives above it
+        keep[start : start + len(queries)] = (k < top_k) | (scores[:, k - 1] <= own_scores + TIE)
+    return keep
+
+
+def mine_negatives(anchors, index, own: np.ndarray, excluded: list[set], margin: float, count: int, range_max: int):
+    """Per anchor, the columns of its hard negatives: of the `range_max` best positives other than `excluded`
+    (its anchor's own positives), those scoring below `margin` × its own positive's score, the best `count`."""
+    result = []
+    for start, queries in chunks(anchors):
+        columns = own[start : start + len(queries)]
+        own_scores = (queries * index.reconstruct_batch(columns)).sum(axis=1)
+        widest = max(len(excluded[start + r]) for r in range(len(queries)))
+        scores, found = index.search(queries, min(range_max + widest, index.ntotal))
+        for r in range(len(queries)):
+            candidates = [
+                (j, s) for j, s in zip(found[r], scores[r], strict=True) if j >= 0 and j not in excluded[start + r]
+            ]
+            below = [int(j) for j, s in candidates[:range_max] if s < margin * own_scores[r]]
+            result.append(below[:count])
+    return result
+
+
+def run_search(command: str, rows: list[dict], args, options, work: Path) -> list[dict]:
+    """Embed the pairs through `moe-embed embed`, then filter them or mine their negatives."""
+    from training.embedders import folder_prompts
+
+    distinct = list(dict.fromkeys(r["positive"] for r in rows))  # each positive text embedded once
     column = {text: i for i, text in enumerate(distinct)}
-    queries = model.encode(
-        [r["anchor"] for r in rows],
-        prompt=_prompt(model, ("query",)),
-        batch_size=batch_size,
-        convert_to_tensor=True,
-        normalize_embeddings=True,
-    )
-    docs = model.encode(
-        distinct,
-        prompt=_prompt(model, ("document", "passage")),
-        batch_size=batch_size,
-        convert_to_tensor=True,
-        normalize_embeddings=True,
-    )
-    own_column = torch.tensor([column[r["positive"]] for r in rows])
-    kept = []
-    for start in range(0, len(rows), 1024):
-        scores = queries[start : start + 1024] @ docs.T  # (chunk, distinct positives)
-        own = scores.gather(1, own_column[start : start + scores.shape[0], None].to(scores.device))  # (chunk, 1)
-        rank = (scores > own).sum(dim=1)  # distinct positives scored above this pair's own; itself never is
-        kept += [rows[start + i] for i in torch.nonzero(rank < top_k).flatten().tolist()]
-    return kept
+    own = np.array([column[r["positive"]] for r in rows], dtype=np.int64)
+    prompts = folder_prompts(Path(options.model))
+    query, document = prompt_name(prompts, ("query",)), prompt_name(prompts, ("document", "passage"))
+    index = positive_index(embed_texts(distinct, "positives", document, options, work))
+    anchors = embed_texts([r["anchor"] for r in rows], "anchors", query, options, work)
+    if command == "filter":
+        keep = consistency_keep(anchors, index, own, args.top_k)
+        return [row for row, kept in zip(rows, keep, strict=True) if kept]
+    positives_of: dict[str, set] = {}
+    for row in rows:
+        positives_of.setdefault(row["anchor"], set()).add(column[row["positive"]])
+    excluded = [positives_of[r["anchor"]] for r in rows]
+    negatives = mine_negatives(anchors, index, own, excluded, args.margin, args.num_negatives, args.range_max)
+    return [
+        {"anchor": row["anchor"], "positive": row["positive"], "negative": distinct[j]}
+        for row, found in zip(rows, negatives, strict=True)
+        for j in found
+    ]
 
 
 COMMANDS = {"mine": "mine hard negatives", "filter": "consistency-filter pairs"}
@@ -138,19 +197,41 @@ def build_parser(command: str, prog: str | None = None):
         parser.add_argument("--top-k", type=int, default=20, help="keep pairs whose positive ranks in the top-k")
     parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model folder's own code")
+    parser.add_argument("--work-dir", help="where the embeddings go (default: a temporary folder; a given one resumes)")
+    add_ray_options(parser)
     return parser
 
 
 def run(command: str, argv: list[str] | None = None, prog: str | None = None) -> Path:
     """`moe-embed mine` / `moe-embed filter` with the arguments `argv`; returns the written file."""
+    from training.embed import EmbedOptions, require
+    from training.embedders import check_model
+
     args = parse(build_parser(command, prog), argv)
+    require("ray", "faiss")
     rows = read_pairs(Path(args.input))
     output = check_output(args.output, overwrite=args.overwrite)  # before loading the model
-    model = load_sentence_transformer(args.model, trust_remote_code=args.trust_remote_code)
-    if command == "mine":
-        result = mine(rows, model, args.margin, args.num_negatives, args.range_max, args.batch_size)
-    else:
-        result = consistency_filter(rows, model, args.top_k, args.batch_size)
+    if command == "mine" and not 0 < args.margin <= 1:
+        raise UsageError(f"--margin must lie in (0, 1], got {args.margin}")
+    if command == "filter" and args.top_k < 1:
+        raise UsageError(f"--top-k must be at least 1, got {args.top_k}")
+    model = check_model(args.model, None, None, args.trust_remote_code)
+    settings = {
+        k: getattr(args, k) for k in ("address", "rows_per_shard", "actors", "cpus_per_actor", "gpus_per_actor")
+    }
+    options = EmbedOptions(
+        model,
+        "",
+        "",
+        batch_size=args.batch_size,
+        trust_remote_code=args.trust_remote_code,
+        overwrite=args.overwrite,
+        **settings,
+    )
+    with tempfile.TemporaryDirectory(prefix="moe-embed-") as temporary:
+        work = Path(args.work_dir or temporary)
+        work.mkdir(parents=True, exist_ok=True)
+        result = run_search(command, rows, args, options, work)
     write_rows(output, result, args.overwrite)
     print(f"{command}: {len(rows)} rows in, {len(result)} rows out -> {output}")
     return output

@@ -1,0 +1,155 @@
+"""Rows/s of `moe-embed embed` (Ray Data) on one machine against Sentence-Transformers, in one run; its memory
+at two corpus sizes; its rate per actor.
+
+    python -m benchmarks.bench_embed                          # 10k and 50k short texts
+    python -m benchmarks.bench_embed --sizes 2000 --memory-sizes 1000,10000
+
+Every method embeds the same corpus of short texts (one sentence each, built with a fixed seed from the texts
+the package ships) with the bundled all-MiniLM-L6-v2, timed end to end from a Python process that has imported
+its libraries: loading the model, embedding, and for `moe-embed embed` starting Ray, planning the shards and
+writing them (parquet). Methods:
+
+- `encode`: `SentenceTransformer.encode` in this process (batch 64);
+- `pool`: Sentence-Transformers' multi-process pool, one process per CPU (`start_multi_process_pool`,
+  `encode(..., pool=...)`), its start and stop included;
+- `ray`: `moe-embed embed` as the command runs it, a local Ray started for the job (one actor with every CPU);
+- `ray-running`: the same job on a Ray that is already running (a cluster's case: `--address`);
+- `ray-2x1`: two actors of one CPU each, on a running Ray;
+- `ray-int8`: the dense model exported by `moe-embed export --quantize int8`, its onnxruntime int8 graph
+  (`--onnx-file onnx/model_qint8_avx512_vnni.onnx`), on a running Ray.
+
+Each method runs in a fresh process, in rounds that interleave them; the table gives the median rate and
+ratios. `--memory-sizes`: `ray-running` at corpus sizes 10x apart, with the peak resident memory of the driver
+process and of the worker (reported by each shard): flat when the corpus streams.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import cpu_description
+from moe_embed.usage import command_parser, parse, run_cli
+
+METHODS = ("encode", "pool", "ray", "ray-running", "ray-2x1", "ray-int8")
+INT8_GRAPH = "onnx/model_qint8_avx512_vnni.onnx"
+
+# One method, timed in a fresh process: prints {"seconds": ..., "driver_mib": ..., "worker_mib": ...}.
+RUN = r"""
+import json, sys, time
+method, corpus, output, model, onnx_dir = sys.argv[1:6]
+import torch, sentence_transformers, ray  # the libraries, imported before the clock starts
+from training.embed import EmbedOptions, embed_corpus, peak_rss_mib
+texts = [json.loads(line)["text"] for line in open(corpus)]
+if method.startswith("ray-") and method != "ray":
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+start = time.perf_counter()
+if method in ("encode", "pool"):
+    from sentence_transformers import SentenceTransformer
+    st = SentenceTransformer(model, device="cpu")
+    if method == "encode":
+        vectors = st.encode(texts, batch_size=64)
+    else:
+        pool = st.start_multi_process_pool(["cpu"] * torch.get_num_threads())
+        vectors = st.encode(texts, batch_size=64, pool=pool)
+        st.stop_multi_process_pool(pool)
+    assert len(vectors) == len(texts)
+else:
+    settings = {"ray-2x1": {"actors": 2, "cpus_per_actor": 1}}.get(method, {})
+    if method == "ray-int8":
+        model, settings = onnx_dir, {"onnx_file": "onnx/model_qint8_avx512_vnni.onnx"}
+    report = embed_corpus(EmbedOptions(model, corpus, output, batch_size=64, **settings))
+    assert report.embedded == len(texts)
+seconds = time.perf_counter() - start
+workers = [json.loads(p.read_text())["peak_rss_mib"] for p in __import__("pathlib").Path(output).glob("part-*.json")]
+print(json.dumps({"seconds": seconds, "driver_mib": peak_rss_mib(), "worker_mib": max(workers, default=0.0)}))
+"""
+
+
+def corpus_texts(count: int, seed: int = 0) -> list[str]:
+    """`count` short texts (8 to 24 words) recombined from the sentences the package ships, seeded."""
+    from convert.openvino_int8 import CALIBRATION_TEXTS
+
+    words = CALIBRATION_TEXTS.read_text(encoding="utf-8").split()
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(8, 24))) for _ in range(count)]
+
+
+def write_corpus(path: Path, count: int) -> Path:
+    path.write_text("".join(json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(corpus_texts(count))))
+    return path
+
+
+def run_method(method: str, corpus: Path, work: Path, model: str, onnx_dir: Path) -> dict:
+    output = work / f"out-{method}"
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, method, str(corpus), str(output), model, str(onnx_dir)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise RuntimeError(f"{method} failed:\n{done.stderr[-3000:]}")
+    subprocess.run(["rm", "-rf", str(output)], check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def export_int8(work: Path, model: str) -> Path:
+    from convert.export_onnx import ExportOptions, export_onnx
+
+    return export_onnx(ExportOptions(model_dir=model, output=work / "minilm-onnx", quantize="int8"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = command_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="10000,50000", help="comma-separated corpus sizes (rows)")
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size (default: %(default)s)")
+    parser.add_argument("--memory-sizes", default="10000,100000", help="two sizes 10x apart for the memory rows")
+    args = parse(parser, argv)
+    from moe_embed.folders import bundled_minilm_path
+
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        parser.error(f"unknown --methods {unknown}; expected names from {', '.join(METHODS)}")
+    model = bundled_minilm_path()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        onnx_dir = export_int8(work, model) if "ray-int8" in methods else work
+        print(f"{cpu_description()}; median of {args.rounds} interleaved rounds, each method in a fresh process")
+        print(
+            "| rows | " + " | ".join(f"{m} (rows/s)" for m in methods) + " | ray / best ST | ray-int8 / ray-running |"
+        )
+        print("|---:|" + "---:|" * (len(methods) + 2))
+        for size in [int(s) for s in args.sizes.split(",")]:
+            corpus = write_corpus(work / f"corpus-{size}.jsonl", size)
+            seconds = {m: [] for m in methods}
+            for _ in range(args.rounds):
+                for method in methods:
+                    seconds[method].append(run_method(method, corpus, work, model, onnx_dir)["seconds"])
+            rate = {m: size / statistics.median(s) for m, s in seconds.items()}
+            best_st = max(rate.get("encode", 0), rate.get("pool", 0)) or float("nan")
+            ray_ratio = rate.get("ray", float("nan")) / best_st
+            int8_ratio = rate.get("ray-int8", float("nan")) / rate.get("ray-running", float("nan"))
+            cells = " | ".join(f"{rate[m]:.0f}" for m in methods)
+            print(f"| {size} | {cells} | {ray_ratio:.2f} | {int8_ratio:.2f} |", flush=True)
+        if args.memory_sizes:
+            print("\n| rows | ray-running (rows/s) | driver peak (MiB) | worker peak (MiB) |")
+            print("|---:|---:|---:|---:|")
+            for size in [int(s) for s in args.memory_sizes.split(",")]:
+                corpus = write_corpus(work / f"memory-{size}.jsonl", size)
+                result = run_method("ray-running", corpus, work, model, onnx_dir)
+                print(
+                    f"| {size} | {size / result['seconds']:.0f} | {result['driver_mib']:.0f} | "
+                    f"{result['worker_mib']:.0f} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    run_cli(main)

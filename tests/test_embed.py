@@ -1,0 +1,235 @@
+"""`moe-embed embed` (`training/embed.py`): a corpus embedded on Ray Data gives what `encode` gives, every row
+once, after stops, dead actors and raised errors; bad rows and bad input are named; the `--address` path runs on
+a cluster of two nodes simulated on this machine."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import REPO, run_main
+from sentence_transformers import SentenceTransformer
+
+from training.embed import FAULT_VARIABLE, EmbedOptions, embed_corpus
+from training.embed import main as embed_main
+
+TEXTS = [
+    "Isaac Newton formulated the laws of motion.",
+    "cats",
+    "how do plants make energy?",
+    "The quarterly report shows revenue grew by twelve percent compared to last year.",
+    "A man is playing a guitar on a stage.",
+    "stocks fell",
+    "Photosynthesis turns light into chemical energy in the chloroplasts of plant cells.",
+    "what is the capital of France",
+    "The cat sat on the mat.",
+    "Rain is expected over the weekend in most of the north.",
+    "two",
+]
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # over 256 tokens
+
+
+@pytest.fixture(autouse=True)
+def local_ray(ray_session):
+    """The jobs run on the session's local Ray (the cluster test starts its own, in another process)."""
+
+
+def write_corpus(path: Path, texts: list[str], ids=None) -> Path:
+    ids = [f"doc-{i}" for i in range(len(texts))] if ids is None else ids
+    path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in zip(ids, texts, strict=True)))
+    return path
+
+
+def read_output(folder: Path) -> dict[str, np.ndarray]:
+    """id -> embedding over every shard of the output."""
+    rows = {}
+    for shard in sorted(folder.glob("part-*.parquet")):
+        table = pq.read_table(shard)
+        for id_, vector in zip(table.column("id").to_pylist(), table.column("embedding").to_pylist(), strict=True):
+            assert id_ not in rows
+            rows[id_] = np.asarray(vector, dtype=np.float32)
+    return rows
+
+
+def embed(model, corpus, output, **options):
+    options = {"trust_remote_code": True, "rows_per_shard": 4, "batch_size": 3, **options}
+    return embed_corpus(EmbedOptions(model=str(model), input=str(corpus), output=output, **options))
+
+
+@pytest.fixture(scope="module")
+def aea_dir(dense_path, tmp_path_factory) -> str:
+    """AEA calibrated on a token-routed MoE whose experts differ (upcycled with expert noise)."""
+    from convert.calibrate_aea import main as calibrate_main
+    from convert.upcycle import main as upcycle_main
+
+    work = tmp_path_factory.mktemp("aea")
+    moe = ["--base", dense_path, "--arch", "moe", "--num-experts", "4", "--expert-noise", "0.05"]
+    upcycle_main([*moe, "--output", str(work / "moe")])
+    (work / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+    calibrate_main([str(work / "moe"), "--output", str(work / "aea"), "--calibration", str(work / "texts.txt")])
+    return str(work / "aea")
+
+
+@pytest.mark.parametrize(
+    "family, task",
+    [
+        ("mote", "document"),
+        ("mote", "query"),
+        ("mote", None),
+        ("moe", "query"),
+        ("comoe", None),
+        ("aea", None),
+        ("dense", None),
+        ("mote-onnx", "query"),
+    ],
+)
+def test_ray_job_embeds_as_encode(family, task, request, tmp_path):
+    fixture = {"mote": "trained_mote", "mote-onnx": "mote_onnx", "dense": "dense_path"}.get(family, f"{family}_dir")
+    model = request.getfixturevalue(fixture)
+    corpus = write_corpus(tmp_path / "corpus.jsonl", [*TEXTS, LONG])
+    report = embed(model, corpus, tmp_path / "out", task=task)
+    assert (report.rows, report.embedded, report.shards, report.bad_rows) == (12, 12, 3, 0)
+    got = read_output(tmp_path / "out")
+    reference = request.getfixturevalue("trained_mote") if family == "mote-onnx" else model
+    st = SentenceTransformer(str(reference), trust_remote_code=True)
+    assert report.longer_than_model == int(len(st.tokenizer(LONG)["input_ids"]) > st.max_seq_length)
+    expected = st.encode([*TEXTS, LONG], **({"prompt_name": task} if task else {}))
+    tolerance = 1e-4 if family == "mote-onnx" else 1e-5  # the exported graph agrees with PyTorch to 1e-4
+    assert np.abs(np.stack([got[f"doc-{i}"] for i in range(12)]) - expected).max() <= tolerance
+    tasks = {t for shard in (tmp_path / "out").glob("part-*.parquet") for t in pq.read_table(shard)["task"].to_pylist()}
+    assert tasks == {task}
+
+
+def test_stopped_job_resumes_to_the_one_process_result(trained_mote, tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
+    output = tmp_path / "out"
+    first = embed(trained_mote, corpus, output, task="document")
+    kept = pq.read_table(output / "part-000000.parquet")
+    # a stop after shard 0 and during shard 1: shard 2's file and shard 1's never written, a temporary left over
+    (output / "part-000001.parquet").unlink()
+    (output / "part-000002.parquet").unlink()
+    (output / ".part-000001.parquet.tmp-x").write_bytes(b"half a file")
+    again = embed(trained_mote, corpus, output, task="document")
+    assert (first.resumed_shards, again.resumed_shards, again.embedded) == (0, 1, len(TEXTS))
+    assert pq.read_table(output / "part-000000.parquet").equals(kept)  # done shards are not redone
+    expected = SentenceTransformer(str(trained_mote), trust_remote_code=True).encode(TEXTS, prompt_name="document")
+    got = read_output(output)
+    assert np.abs(np.stack([got[f"doc-{i}"] for i in range(len(TEXTS))]) - expected).max() <= 1e-5
+
+
+@pytest.mark.parametrize("fault", ["exit", "raise"])
+def test_actor_that_dies_or_raises_is_retried_to_an_exact_result(fault, trained_mote, tmp_path, monkeypatch):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
+    marker = tmp_path / "fault-happened"
+    monkeypatch.setenv(FAULT_VARIABLE, f"{fault}:{marker}")
+    report = embed(trained_mote, corpus, tmp_path / "out", task="query")
+    assert marker.exists()  # one shard's worker did die (or raise) once
+    assert (report.embedded, report.resumed_shards) == (len(TEXTS), 0)
+    expected = SentenceTransformer(str(trained_mote), trust_remote_code=True).encode(TEXTS, prompt_name="query")
+    got = read_output(tmp_path / "out")
+    assert np.abs(np.stack([got[f"doc-{i}"] for i in range(len(TEXTS))]) - expected).max() <= 1e-5
+
+
+def test_bad_rows_are_counted_listed_and_exit_2(dense_path, tmp_path, capsys):
+    corpus = tmp_path / "corpus.jsonl"
+    rows = [{"id": "a", "text": "fine"}, {"text": "no id"}, {"id": "b", "text": "  "}, {"id": "c", "text": LONG}]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n" + "not json\n")
+    code, err = run_main(embed_main, dense_path, str(corpus), "--output", str(tmp_path / "out"), capsys=capsys)
+    assert code == 2 and "3 bad rows" in err.strip().splitlines()[-1], err
+    bad = [json.loads(line) for line in (tmp_path / "out" / "bad_rows.jsonl").read_text().splitlines()]
+    assert [(b["row"], b["id"], b["reason"]) for b in bad] == [
+        (1, None, "missing id"),
+        (2, "b", "empty text"),
+        (4, None, "missing id"),
+    ]
+    assert sorted(read_output(tmp_path / "out")) == ["a", "c"]  # the good rows are all there, the long one too
+
+
+def test_duplicated_ids_fail_naming_them(dense_path, tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS[:6], ids=["x", "y", "z", "y", "w", "x"])
+    code, err = run_main(embed_main, dense_path, str(corpus), "--output", str(tmp_path / "out"), capsys=capsys)
+    assert code == 2 and "2 ids appear more than once: x, y" in err.strip().splitlines()[-1], err
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", "is not a .jsonl or .parquet file"),
+        ("text-file", "is neither JSON lines (.jsonl) nor Parquet (.parquet)"),
+        ("no-column", "has no column 'text'; its columns are ['body', 'id']"),
+        ("not-json", "corpus.jsonl:1 is not valid JSON"),
+        ("bad-parquet", "is not a readable Parquet file"),
+        ("unknown-task", "has no prompt 'legal' for --task"),
+        ("another-job", "holds another job's shards; pass --overwrite"),
+        ("remote-code", "pass --trust-remote-code to allow it"),
+        ("batch-size", "--batch-size must be at least 1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(case, message, trained_mote, dense_path, tmp_path, capsys):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS[:2])
+    model, extra = dense_path, []
+    if case == "missing":
+        corpus = tmp_path / "nowhere.jsonl.gz"
+    elif case == "text-file":
+        corpus = tmp_path / "corpus.txt"
+        corpus.write_text("hello\n")
+    elif case == "no-column":
+        corpus.write_text(json.dumps({"id": 1, "body": "x"}) + "\n")
+    elif case == "not-json":
+        corpus.write_text("{oops\n")
+    elif case == "bad-parquet":
+        corpus = tmp_path / "corpus.parquet"
+        corpus.write_bytes(b"PAR1 not really")
+    elif case == "unknown-task":
+        model, extra = str(trained_mote), ["--task", "legal", "--trust-remote-code"]
+    elif case == "another-job":
+        run_main(embed_main, dense_path, str(corpus), "--output", str(tmp_path / "out"), capsys=capsys)
+        extra = ["--rows-per-shard", "7"]
+    elif case == "remote-code":
+        model = str(trained_mote)
+    elif case == "batch-size":
+        extra = ["--batch-size", "0"]
+    code, err = run_main(embed_main, model, str(corpus), "--output", str(tmp_path / "out"), *extra, capsys=capsys)
+    assert code == 2 and message in err.strip().splitlines()[-1], err
+    if case != "another-job":
+        assert not (tmp_path / "out").exists()
+
+
+CLUSTER_JOB = """
+import json, subprocess, sys
+from ray.cluster_utils import Cluster
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+cluster.add_node(num_cpus=1)
+cluster.wait_for_nodes()
+try:
+    done = subprocess.run(
+        [sys.executable, "-m", "training.embed", *sys.argv[1:], "--address", cluster.address],
+        capture_output=True, text=True, timeout=600,
+    )
+    print(json.dumps({"code": done.returncode, "out": done.stdout, "err": done.stderr[-2000:]}))
+finally:
+    cluster.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_address_runs_the_job_on_a_cluster_of_two_nodes(dense_path, tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS * 2, ids=[f"d{i}" for i in range(2 * len(TEXTS))])
+    output = tmp_path / "out"
+    args = [dense_path, str(corpus), "--output", str(output), "--rows-per-shard", "2", "--batch-size", "2"]
+    done = subprocess.run(
+        [sys.executable, "-c", CLUSTER_JOB, *args], capture_output=True, text=True, cwd=REPO, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == 0, result["err"]
+    assert "every id appears once" in result["out"]
+    nodes = {json.loads(p.read_text())["node"] for p in output.glob("part-*.json")}
+    assert len(nodes) == 2  # one actor on each node (the default: one per node, all its CPUs)
+    expected = SentenceTransformer(dense_path).encode(TEXTS)
+    got = read_output(output)
+    assert np.abs(np.stack([got[f"d{i}"] for i in range(len(TEXTS))]) - expected).max() <= 1e-5

@@ -1,0 +1,422 @@
+"""Embed a corpus on Ray Data, on this machine or a cluster: every row once, resumable.
+
+    moe-embed embed models/mote-minilm corpus.jsonl --output embeddings/ --task document --trust-remote-code
+    moe-embed embed models/mote-onnx corpus.parquet --output emb/ --onnx-file onnx/model_qint8_avx512_vnni.onnx
+    moe-embed embed sentence-transformers/all-MiniLM-L6-v2 user/dataset --split train --output emb/ --address auto
+
+The corpus (a .jsonl or .parquet file, a folder of them, or a Hub dataset split) is cut into shards of
+`--rows-per-shard` rows (`training/corpus.py`), the same for the same input. Ray Data runs the shards through
+a pool of actors, each holding the model once (`map_batches` with a callable class, as Ray's batch-inference
+examples do): on a Ray started for the job on this machine by default, on a running cluster with `--address`
+(every node must see the input, the model and `--output`, as Ray Data's own readers require). Each shard
+becomes `part-NNNNNN.parquet` (columns `id` (a string), `embedding` (float32 list), `task`), written beside
+its `part-NNNNNN.json` (rows read, bad rows, texts longer than the model reads) through a temporary file
+renamed into place: a shard is there whole or not at all.
+
+Run the same command again after a stop at any point: done shards are kept and the rest is embedded (a job
+with other settings in the same folder is refused unless `--overwrite`). A shard that raises is tried again
+(3 tries in all); an actor that dies is restarted by Ray Data and its shard run again. At the end every shard
+is checked to hold every row it read, and every id to appear once; the job fails naming the ids that do not.
+Rows without an id or with an empty text are not embedded: they are counted, listed in `bad_rows.jsonl`, and
+the command exits 2 after finishing the rest. Texts longer than the model reads are embedded from their first
+tokens, as `encode` embeds them, and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moe_embed.files import atomic_write
+from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from training.corpus import Corpus, Shard, plan_shards, read_shard
+
+logger = logging.getLogger(__name__)
+
+JOB_FILE = "embed_job.json"
+BAD_ROWS_FILE = "bad_rows.jsonl"
+RETRIES = 3
+# Fault injection for the recovery tests: "exit:PATH" or "raise:PATH" makes the first shard that finds no file
+# at PATH create it and then die (the process exits) or raise, after embedding and before writing.
+FAULT_VARIABLE = "MOE_EMBED_FAULT"
+
+
+@dataclass
+class EmbedOptions:
+    """What `embed_corpus` does: the command line's options by their Python names (`moe-embed embed --help`)."""
+
+    model: str
+    input: str
+    output: str | Path
+    task: str | None = None
+    id_column: str = "id"
+    text_column: str = "text"
+    split: str = "train"
+    address: str | None = None
+    batch_size: int = 64
+    rows_per_shard: int = 10_000
+    actors: int | None = None
+    cpus_per_actor: float | None = None
+    gpus_per_actor: float | None = None
+    onnx_file: str | None = None
+    trust_remote_code: bool = False
+    overwrite: bool = False
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise UsageError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.actors is not None and self.actors < 1:
+            raise UsageError(f"--actors must be at least 1, got {self.actors}")
+        for name in ("cpus_per_actor", "gpus_per_actor"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise UsageError(f"--{name.replace('_', '-')} must not be negative, got {value}")
+
+    def job(self, model_path: str, corpus: Corpus) -> dict:
+        """What makes two runs the same job (so the second may resume the first)."""
+        return {
+            "model": model_path,
+            "onnx_file": self.onnx_file,
+            "task": self.task,
+            "input": corpus.fingerprint(),
+            "id_column": self.id_column,
+            "text_column": self.text_column,
+            "rows_per_shard": self.rows_per_shard,
+        }
+
+
+@dataclass
+class EmbedReport:
+    output: Path
+    rows: int  # rows read
+    embedded: int
+    shards: int
+    resumed_shards: int  # done before this run
+    bad_rows: int
+    longer_than_model: int
+    seconds: float
+
+
+def shard_name(index: int, suffix: str) -> str:
+    return f"part-{index:06d}{suffix}"
+
+
+def _inject_fault() -> None:
+    spec = os.environ.get(FAULT_VARIABLE)
+    if not spec:
+        return
+    how, _, marker = spec.partition(":")
+    try:
+        Path(marker).touch(exist_ok=False)
+    except FileExistsError:
+        return
+    if how == "exit":
+        os._exit(1)
+    raise RuntimeError(f"injected fault ({FAULT_VARIABLE}={spec})")
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (Linux and macOS report it in different units)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+def fault_injection() -> dict:
+    """The actors' `runtime_env`: `FAULT_VARIABLE` from this process, when it is set."""
+    spec = os.environ.get(FAULT_VARIABLE)
+    return {"env_vars": {FAULT_VARIABLE: spec}} if spec else None
+
+
+def embed_shard(embedder, shard: Shard, options: EmbedOptions, output: Path, node: str | None = None) -> dict:
+    """Read, check, embed and write one shard; returns what the progress bar needs. `part-NNNNNN.json` records
+    the rows read, the bad rows, the long texts, the node (Ray's id) that embedded it and the worker's peak memory."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ids, texts = read_shard(shard, options.id_column, options.text_column)
+    good, bad = [], []
+    for i, (id_, text) in enumerate(zip(ids, texts, strict=True)):
+        if id_ is None or str(id_) == "":
+            bad.append({"row": shard.start + i, "source": shard.source, "id": None, "reason": "missing id"})
+        elif not isinstance(text, str) or not text.strip():
+            bad.append({"row": shard.start + i, "source": shard.source, "id": str(id_), "reason": "empty text"})
+        else:
+            good.append(i)
+    kept = [texts[i] for i in good]
+    vectors = embedder(kept, options.batch_size) if kept else np.zeros((0, embedder.dimension), dtype=np.float32)
+    _inject_fault()
+    summary = {
+        "shard": shard.to_dict(),
+        "rows": len(ids),
+        "embedded": len(good),
+        "bad_rows": bad,
+        "longer_than_model": embedder.longer_than_model(kept),
+        "task": options.task,
+        "node": node,
+        "peak_rss_mib": round(peak_rss_mib(), 1),
+    }
+    table = pa.table(
+        {
+            "id": pa.array([str(ids[i]) for i in good], pa.string()),
+            "embedding": pa.FixedSizeListArray.from_arrays(
+                pa.array(vectors.reshape(-1), pa.float32()), vectors.shape[1]
+            ),
+            "task": pa.array([options.task] * len(good), pa.string()),
+        }
+    )
+    atomic_write(output / shard_name(shard.index, ".json"), lambda p: Path(p).write_text(json.dumps(summary)))
+    atomic_write(output / shard_name(shard.index, ".parquet"), lambda p: pq.write_table(table, p))
+    return {"index": shard.index, "rows": len(ids)}
+
+
+class ShardWorker:
+    """A Ray Data actor: loads the model once, then embeds the shards of each batch it is given."""
+
+    def __init__(self, model: str, options: dict, output: str, threads: int | None):
+        if threads:
+            import torch
+
+            torch.set_num_threads(threads)
+        import ray
+
+        from training.embedders import Embedder
+
+        self.options, self.output = EmbedOptions(**options), Path(output)
+        self.node = ray.get_runtime_context().get_node_id()
+        self.embedder = Embedder(
+            model, self.options.task, onnx_file=self.options.onnx_file, trust_remote_code=self.options.trust_remote_code
+        )
+
+    def __call__(self, batch):
+        import pandas as pd
+
+        return pd.DataFrame([self.embed_with_retries(Shard(**spec)) for spec in batch.to_dict("records")])
+
+    def embed_with_retries(self, shard: Shard) -> dict:
+        """`embed_shard`, tried again (up to `RETRIES` tries) when it raises: a shard is written whole or not at
+        all, so a second try is exact. An actor that dies is restarted by Ray Data and its shard run again."""
+        for attempt in range(1, RETRIES + 1):
+            try:
+                return embed_shard(self.embedder, shard, self.options, self.output, self.node)
+            except Exception as error:
+                if attempt == RETRIES:
+                    raise RuntimeError(f"shard {shard.index} failed {RETRIES} times: {error}") from error
+                logger.warning("shard %d failed (%s); trying again", shard.index, error)
+        raise AssertionError("unreachable")
+
+
+def resources(options: EmbedOptions) -> tuple[int, float, float]:
+    """`(actors, cpus, gpus per actor)`: by default one actor per node holding all its CPUs (torch's threads use
+    them), or one per GPU where the cluster has GPUs."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    total_gpus = sum(n.get("GPU", 0) for n in nodes)
+    gpus = options.gpus_per_actor if options.gpus_per_actor is not None else (1.0 if total_gpus else 0.0)
+    if options.cpus_per_actor is not None:
+        cpus = options.cpus_per_actor
+    else:
+        cpus = 1.0 if gpus else min(n.get("CPU", 1) for n in nodes)
+    if options.actors is not None:
+        actors = options.actors
+    elif gpus:
+        actors = max(1, int(total_gpus // gpus))
+    else:
+        actors = max(1, sum(int(n.get("CPU", 0) // cpus) for n in nodes)) if cpus else len(nodes)
+    return actors, cpus, gpus
+
+
+def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Path, bar) -> None:
+    """Run the shards `todo` through a pool of `ShardWorker` actors, advancing `bar` as shards finish."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=options.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # its plan and timing notes; errors still show
+    try:
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # this command draws its own, in rows
+        actors, cpus, gpus = resources(options)
+        logger.info("%d actors of %g CPUs and %g GPUs each, %d shards", actors, cpus, gpus, len(todo))
+        threads = int(cpus) if cpus >= 1 and not gpus else None
+        shards = ray.data.from_items([shard.to_dict() for shard in todo], override_num_blocks=len(todo))
+        done = shards.map_batches(
+            ShardWorker,
+            fn_constructor_kwargs={
+                "model": model,
+                "options": asdict(options),
+                "output": str(output),
+                "threads": threads,
+            },
+            batch_size=1,
+            batch_format="pandas",
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            num_cpus=cpus,
+            num_gpus=gpus,
+            runtime_env=fault_injection(),
+        )
+        for row in done.iter_rows():
+            bar.update(int(row["rows"]))
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def prepare_output(output: Path, job: dict, overwrite: bool) -> None:
+    """Create `output` with the job's description, keep it to resume the same job, refuse another job's."""
+    path = output / JOB_FILE
+    if output.exists() and any(output.iterdir()):
+        previous = json.loads(path.read_text()) if path.is_file() else None
+        if previous != job:
+            if not overwrite:
+                what = "another job's shards" if previous else "files that are not an embed job's"
+                raise UsageError(f"{output} holds {what}; pass --overwrite to replace them, or another --output")
+            shutil.rmtree(output)
+    output.mkdir(parents=True, exist_ok=True)
+    if not path.is_file():
+        atomic_write(path, lambda p: Path(p).write_text(json.dumps(job, indent=2)))
+
+
+def is_done(output: Path, shard: Shard) -> bool:
+    return (output / shard_name(shard.index, ".parquet")).is_file()
+
+
+def verify(output: Path, shards: list[Shard]) -> tuple[int, list[dict], int]:
+    """Check that every shard holds every row it read and that no id appears twice; returns
+    `(embedded, bad rows, longer than the model)`. Ids are compared by 64-bit hashes (8 bytes a row)."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    embedded, bad, longer, hashes, problems = 0, [], 0, [], []
+    for shard in shards:
+        summary = json.loads((output / shard_name(shard.index, ".json")).read_text())
+        rows = pq.ParquetFile(output / shard_name(shard.index, ".parquet")).metadata.num_rows
+        if summary["rows"] != shard.rows or rows + len(summary["bad_rows"]) != shard.rows:
+            problems.append(f"shard {shard.index} holds {rows} + {len(summary['bad_rows'])} bad of {shard.rows} rows")
+        embedded, longer, bad = embedded + rows, longer + summary["longer_than_model"], bad + summary["bad_rows"]
+        ids = pq.read_table(output / shard_name(shard.index, ".parquet"), columns=["id"]).column("id").to_pylist()
+        ids += [row["id"] for row in summary["bad_rows"] if row["id"] is not None]
+        hashes.append(pd.util.hash_array(np.asarray(ids, dtype=object)))
+    every = np.sort(np.concatenate(hashes)) if hashes else np.zeros(0, np.uint64)
+    repeated = set(every[1:][every[1:] == every[:-1]].tolist())
+    if repeated:
+        names = []
+        for shard in shards:
+            ids = pq.read_table(output / shard_name(shard.index, ".parquet"), columns=["id"]).column("id").to_pylist()
+            found = pd.util.hash_array(np.asarray(ids, dtype=object))
+            names += [ids[i] for i in np.flatnonzero(np.isin(found, list(repeated)))]
+        names = sorted(set(names))
+        problems.append(
+            f"{len(names)} ids appear more than once: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
+        )
+    if problems:
+        raise UsageError("the output is not exact: " + "; ".join(problems))
+    return embedded, bad, longer
+
+
+def require(*modules: str) -> None:
+    """A one-line error naming the `ray` extra when one of `modules` (ray, faiss) is not installed."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"{' and '.join(missing)} not installed: pip install 'moe-embed[ray]' (Ray Data and faiss)")
+
+
+def embed_corpus(options: EmbedOptions) -> EmbedReport:
+    """Embed the corpus `options` names into `options.output`, resuming a stopped run of the same job."""
+    from tqdm.auto import tqdm
+
+    require("ray")
+
+    from moe_embed.folders import check_output
+    from training.embedders import check_model
+
+    start = time.perf_counter()
+    corpus = Corpus(options.input, options.id_column, options.text_column, options.split)
+    model = check_model(options.model, options.task, options.onnx_file, options.trust_remote_code)
+    output = Path(options.output)
+    check_output(output, tuple(corpus.files()) + (Path(model),), overwrite=True)  # overlap only: resuming is allowed
+    shards = plan_shards(corpus, options.rows_per_shard)
+    prepare_output(output, options.job(model, corpus), options.overwrite)
+    todo = [shard for shard in shards if not is_done(output, shard)]
+    total = sum(shard.rows for shard in shards)
+    with tqdm(total=total, initial=total - sum(s.rows for s in todo), unit="rows", desc="embed") as bar:
+        if todo:
+            run_on_ray(model, todo, options, output, bar)
+    embedded, bad, longer = verify(output, shards)
+    atomic_write(output / BAD_ROWS_FILE, lambda p: Path(p).write_text("".join(json.dumps(r) + "\n" for r in bad)))
+    return EmbedReport(
+        output, total, embedded, len(shards), len(shards) - len(todo), len(bad), longer, time.perf_counter() - start
+    )
+
+
+def add_ray_options(parser) -> None:
+    """Where and how wide a job runs: `moe-embed embed`'s options, which `mine` and `filter` share."""
+    parser.add_argument(
+        "--address", help="Ray cluster to run on (e.g. auto, or ray://HOST:10001); default: a local Ray for the job"
+    )
+    parser.add_argument(
+        "--rows-per-shard", type=int, default=10_000, help="rows per output shard (default: %(default)s)"
+    )
+    parser.add_argument("--actors", type=int, help="model replicas (default: one per node, or one per GPU)")
+    parser.add_argument("--cpus-per-actor", type=float, help="default: all of a node's CPUs (1 with GPUs)")
+    parser.add_argument("--gpus-per-actor", type=float, help="default: 1 where the cluster has GPUs, else 0")
+
+
+def build_parser(prog: str | None = None):
+    parser = command_parser(__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[1], prog)
+    parser.add_argument(
+        "model",
+        help="a model folder or Hub id (any family, or plain Sentence-Transformers), or an exported ONNX folder",
+    )
+    parser.add_argument("input", help=".jsonl or .parquet file, a folder of them, or a Hub dataset (with --split)")
+    parser.add_argument(
+        "--output", required=True, help="folder of parquet shards (the same folder resumes a stopped job)"
+    )
+    parser.add_argument("--task", help="the prompt to embed with (MoTE: its task, e.g. query or document)")
+    parser.add_argument("--id-column", default="id", help="column of the ids (default: %(default)s)")
+    parser.add_argument("--text-column", default="text", help="column of the texts (default: %(default)s)")
+    parser.add_argument("--split", default="train", help="split of a Hub dataset (default: %(default)s)")
+    parser.add_argument("--batch-size", type=int, default=64, help="texts per model call (default: %(default)s)")
+    add_ray_options(parser)
+    parser.add_argument(
+        "--onnx-file", help="graph of an exported ONNX folder (default: onnx/model.onnx; e.g. the int8 one)"
+    )
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="allow the model folder's own code (this package's folders)"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace another job's shards in --output")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> EmbedReport:
+    args = vars(parse(build_parser(prog), argv))
+    args.pop("verbose")
+    report = embed_corpus(EmbedOptions(**args))
+    rate = report.rows / report.seconds if report.seconds else float("nan")
+    print(
+        f"embedded {report.embedded} of {report.rows} rows into {report.shards} shards under {report.output} "
+        f"({report.resumed_shards} done before this run; {rate:.0f} rows/s); every id appears once; "
+        f"{report.longer_than_model} texts longer than the model reads were embedded from their first tokens"
+    )
+    if report.bad_rows:
+        raise UsageError(
+            f"{report.bad_rows} bad rows (no id, or an empty text) were not embedded: {report.output / BAD_ROWS_FILE}"
+        )
+    return report
+
+
+if __name__ == "__main__":
+    run_cli(main)
