@@ -19,8 +19,9 @@ writing them (parquet). Methods:
   (`--onnx-file onnx/model_qint8_avx512_vnni.onnx`), on a running Ray.
 
 Each method runs in a fresh process, in rounds that interleave them; the table gives the median rate and
-ratios. `--memory-sizes`: `ray-running` at corpus sizes 10x apart, with the peak resident memory of the driver
-process and of the worker (reported by each shard): flat when the corpus streams.
+ratios. `--memory-sizes`: `ray-running` at corpus sizes 10x apart, in shards of `--memory-rows-per-shard` rows (so
+that both sizes fill their shards), with the peak resident memory (`VmHWM`) of the driver process and of the
+worker (reported by each shard): flat when the corpus streams.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ INT8_GRAPH = "onnx/model_qint8_avx512_vnni.onnx"
 # One method, timed in a fresh process: prints {"seconds": ..., "driver_mib": ..., "worker_mib": ...}.
 RUN = r"""
 import json, sys, time
-method, corpus, output, model, onnx_dir = sys.argv[1:6]
+method, corpus, output, model, onnx_dir, rows_per_shard = sys.argv[1:7]
 import torch, sentence_transformers, ray  # the libraries, imported before the clock starts
 from training.embed import EmbedOptions, embed_corpus, peak_rss_mib
 texts = [json.loads(line)["text"] for line in open(corpus)]
@@ -63,7 +64,8 @@ else:
     settings = {"ray-2x1": {"actors": 2, "cpus_per_actor": 1}}.get(method, {})
     if method == "ray-int8":
         model, settings = onnx_dir, {"onnx_file": "onnx/model_qint8_avx512_vnni.onnx"}
-    report = embed_corpus(EmbedOptions(model, corpus, output, batch_size=64, **settings))
+    options = EmbedOptions(model, corpus, output, batch_size=64, rows_per_shard=int(rows_per_shard), **settings)
+    report = embed_corpus(options)
     assert report.embedded == len(texts)
 seconds = time.perf_counter() - start
 workers = [json.loads(p.read_text())["peak_rss_mib"] for p in __import__("pathlib").Path(output).glob("part-*.json")]
@@ -85,10 +87,11 @@ def write_corpus(path: Path, count: int) -> Path:
     return path
 
 
-def run_method(method: str, corpus: Path, work: Path, model: str, onnx_dir: Path) -> dict:
+def run_method(method: str, corpus: Path, work: Path, model: str, onnx_dir: Path, rows_per_shard: int = 10_000):
+    """One method's `{"seconds", "driver_mib", "worker_mib"}`, in a fresh process."""
     output = work / f"out-{method}"
     done = subprocess.run(
-        [sys.executable, "-c", RUN, method, str(corpus), str(output), model, str(onnx_dir)],
+        [sys.executable, "-c", RUN, method, str(corpus), str(output), model, str(onnx_dir), str(rows_per_shard)],
         capture_output=True,
         text=True,
     )
@@ -110,6 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size (default: %(default)s)")
     parser.add_argument("--memory-sizes", default="10000,100000", help="two sizes 10x apart for the memory rows")
+    parser.add_argument(
+        "--memory-rows-per-shard", type=int, default=1000, help="shard size of the memory rows (full shards at both)"
+    )
     args = parse(parser, argv)
     from moe_embed.folders import bundled_minilm_path
 
@@ -122,11 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         onnx_dir = export_int8(work, model) if "ray-int8" in methods else work
         print(f"{cpu_description()}; median of {args.rounds} interleaved rounds, each method in a fresh process")
-        print(
-            "| rows | " + " | ".join(f"{m} (rows/s)" for m in methods) + " | ray / best ST | ray-int8 / ray-running |"
-        )
-        print("|---:|" + "---:|" * (len(methods) + 2))
-        for size in [int(s) for s in args.sizes.split(",")]:
+        if args.sizes:
+            header = " | ".join(f"{m} (rows/s)" for m in methods)
+            print(f"| rows | {header} | ray / best ST | ray-int8 / ray-running |")
+            print("|---:|" + "---:|" * (len(methods) + 2))
+        for size in [int(s) for s in args.sizes.split(",") if s]:
             corpus = write_corpus(work / f"corpus-{size}.jsonl", size)
             seconds = {m: [] for m in methods}
             for _ in range(args.rounds):
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
             print("|---:|---:|---:|---:|")
             for size in [int(s) for s in args.memory_sizes.split(",")]:
                 corpus = write_corpus(work / f"memory-{size}.jsonl", size)
-                result = run_method("ray-running", corpus, work, model, onnx_dir)
+                result = run_method("ray-running", corpus, work, model, onnx_dir, args.memory_rows_per_shard)
                 print(
                     f"| {size} | {size / result['seconds']:.0f} | {result['driver_mib']:.0f} | "
                     f"{result['worker_mib']:.0f} |",

@@ -123,10 +123,16 @@ def _inject_fault() -> None:
 
 
 def peak_rss_mib() -> float:
-    """This process's peak resident memory so far (Linux and macOS report it in different units)."""
+    """This process's peak resident memory so far: Linux's `VmHWM` (getrusage's `ru_maxrss` would carry over the
+    parent's peak across fork and exec), else getrusage (which macOS reports in bytes)."""
     import resource
     import sys
 
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
