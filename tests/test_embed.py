@@ -103,6 +103,26 @@ def test_ray_job_embeds_as_encode(family, task, request, tmp_path):
     assert tasks == {task}
 
 
+def test_parquet_and_a_folder_of_files_are_read_whole_across_shards(dense_path, tmp_path):
+    """Shards that cut through Parquet row groups, and a folder of two JSON-lines files, give every row once."""
+    import pyarrow as pa
+
+    ids = [f"doc-{i}" for i in range(len(TEXTS))]
+    parquet = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"key": ids, "body": TEXTS}), parquet, row_group_size=3)  # groups of 3, shards of 4
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    write_corpus(folder / "a.jsonl", TEXTS[:5], ids[:5])
+    write_corpus(folder / "b.jsonl", TEXTS[5:], ids[5:])
+    expected = SentenceTransformer(dense_path).encode(TEXTS)
+    for corpus, columns in ((parquet, {"id_column": "key", "text_column": "body"}), (folder, {})):
+        output = tmp_path / f"out-{corpus.name}"
+        report = embed(dense_path, corpus, output, **columns)
+        assert report.embedded == len(TEXTS)
+        got = read_output(output)
+        assert np.abs(np.stack([got[i] for i in ids]) - expected).max() <= 1e-5
+
+
 def test_stopped_job_resumes_to_the_one_process_result(trained_mote, tmp_path):
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
     output = tmp_path / "out"
