@@ -106,6 +106,8 @@ def export_graph(graph: SentenceEmbeddingGraph, inputs: dict, path: Path, opset:
     shapes = {name: {0: batch} if name == "task_ids" else {0: batch, 1: seq} for name in inputs}
     for name in ("onnxscript", "onnx_ir"):  # their optimiser passes log every rewrite at INFO
         logging.getLogger(name).setLevel(logging.WARNING)
+    # a note, on every routed MoTE export, that an empty list attribute was given the type INTS (as it should be)
+    logging.getLogger("onnx_ir._convenience").setLevel(logging.ERROR)
     # the exporter announces on every run that it skips torchvision's ops (this graph has none)
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     large = sum(p.numel() * p.element_size() for p in graph.parameters()) > 1.5 * 2**30  # protobuf's 2 GiB

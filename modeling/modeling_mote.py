@@ -74,10 +74,17 @@ class MoteBertLayer(EncoderLayer):
         self.experts = nn.ModuleDict({str(i): MoteBertExpert(config) for i in active_expert_indices(config)})
 
     def feed_forward(self, attention_output: torch.Tensor, routing: MoteRouting):
-        if routing.segments is None:  # graph-safe: the rows of each task, found by tensor ops, in expert order
+        if routing.segments is None and not torch.compiler.is_exporting():  # torch.compile: static shapes
+            output = torch.zeros_like(attention_output)
+            task_ids = routing.task_ids.to(attention_output.device)
+            for key, expert in self.experts.items():
+                rows = (task_ids == int(key)).nonzero().squeeze(-1)
+                output = output.index_copy(0, rows, expert(attention_output.index_select(0, rows)))
+            return output, None
+        if routing.segments is None:  # an exported graph: the rows of each task, found by tensor ops
             task_ids = routing.task_ids.to(attention_output.device)
             # the batch is sorted by task and every row has a loaded expert: concatenated, the experts' outputs
-            # are the rows in order (no scatter into a zero tensor per expert)
+            # are the rows in order (no scatter into a zero tensor per expert, which ONNX copies whole)
             output = torch.cat(
                 [
                     expert(attention_output.index_select(0, (task_ids == int(key)).nonzero().squeeze(-1)))
