@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -97,7 +98,7 @@ def run_method(method: str, corpus: Path, work: Path, model: str, onnx_dir: Path
     )
     if done.returncode:
         raise RuntimeError(f"{method} failed:\n{done.stderr[-3000:]}")
-    subprocess.run(["rm", "-rf", str(output)], check=True)
+    shutil.rmtree(output, ignore_errors=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -94,7 +94,8 @@ def embed_texts(texts: list[str], name: str, task: str | None, options, work: Pa
         if ids != [str(i) for i in range(seen, seen + len(ids))]:
             raise UsageError(f"{shard} does not hold rows {seen}.. of {corpus} in order; delete {work} and rerun")
         seen += len(ids)
-        vectors = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32).reshape(len(ids), -1)
+        # the fixed-size list column as one float32 buffer, not a Python list per row
+        vectors = table.column("embedding").combine_chunks().flatten().to_numpy().reshape(len(ids), -1)
         yield vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
 
