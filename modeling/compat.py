@@ -55,6 +55,13 @@ def is_exporting() -> bool:
     return torch.jit.is_tracing() or torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export()
 
 
+def exporting_program() -> bool:
+    """Whether `torch.export` (and so `torch.onnx.export(dynamo=True)`) is tracing this forward pass, whose
+    shapes may be data-dependent, unlike `torch.compile`'s; False on a torch without the query."""
+    query = getattr(torch.compiler, "is_exporting", None)
+    return bool(query()) if query is not None else False
+
+
 def legacy_bidirectional_mask(config, inputs_embeds: torch.Tensor, attention_mask: torch.Tensor | None):
     """transformers 5's padding mask for a bidirectional encoder, for 4.x (see the module docstring)."""
     if attention_mask is None:
@@ -88,6 +95,7 @@ def attention_function(implementation: str, eager):
 
 __all__ = [
     "REQUIREMENTS",
+    "exporting_program",
     "is_exporting",
     "ConfigBase",
     "DATACLASS_CONFIGS",

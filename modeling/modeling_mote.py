@@ -21,7 +21,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 # transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
 # so every sibling this file needs, directly or not, is imported here by name.
-from .compat import is_exporting
+from .compat import exporting_program, is_exporting
 from .configuration_encoder import EncoderConfig  # noqa: F401
 from .configuration_mote import MoteBertConfig
 from .defaults import DEFAULT_TASK  # noqa: F401
@@ -74,7 +74,7 @@ class MoteBertLayer(EncoderLayer):
         self.experts = nn.ModuleDict({str(i): MoteBertExpert(config) for i in active_expert_indices(config)})
 
     def feed_forward(self, attention_output: torch.Tensor, routing: MoteRouting):
-        if routing.segments is None and not torch.compiler.is_exporting():  # torch.compile: static shapes
+        if routing.segments is None and not exporting_program():  # torch.compile: static shapes
             output = torch.zeros_like(attention_output)
             task_ids = routing.task_ids.to(attention_output.device)
             for key, expert in self.experts.items():
