@@ -18,7 +18,10 @@ Inputs are random token ids, no padding; a MoTE row starts with its task's promp
 (`benchmarks.common.batch_of`). Rates are medians of rounds that interleave the backends; the families run
 one after another, each family's sessions freed before the next (every session keeps the memory of its
 largest batch). Each row's ratios are to PyTorch fp32 of the same family and to the dense model's same
-backend, same run.
+backend, same run. Timings drift between one family's block and the next by more than the gaps being
+measured, so the dense model's sessions of the `--dense-reference` backends (default: onnxruntime int8) are
+timed again inside every other family's rounds, and that backend's "of dense" compares the two in the same
+rounds; the other backends' "of dense" compare with the dense family's own block.
 
 `--accuracy` adds STS-B test and SciFact (the suite's scores, by mteb as `moe-embed evaluate` scores them) of
 every family's fp32 graph, its int8 graph through onnxruntime and its OpenVINO int8 model, fed as a client
@@ -46,6 +49,7 @@ from moe_embed.usage import parse, run_cli
 FAMILIES = ("dense", "mote", "mote-query", "moe", "comoe", "comoe-merged")
 BACKENDS = ("torch", "ort", "ort-int8", "ov", "ov-int8")
 INT8 = f"onnx/{INT8_FILE}"
+REFERENCE = "dense reference "  # the name prefix of the dense sessions timed in another family's rounds
 
 
 def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
@@ -158,7 +162,7 @@ def accuracy(folders: dict[str, Path], tasks: dict):
 
 def main(argv: list[str] | None = None) -> None:
     parser = timing_parser(__doc__.split("\n\n")[0], "ignored: every family is built from the bundled MiniLM")
-    parser.set_defaults(seq_lens="16,128")
+    parser.set_defaults(seq_lens="16,128", repeats=7, min_time=0.5)
     parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
     parser.add_argument("--accuracy", action="store_true", help="also STS-B test and SciFact, fp32 vs int8")
@@ -166,9 +170,19 @@ def main(argv: list[str] | None = None) -> None:
         "--accuracy-tasks", default="STSBenchmark,SciFact", help="comma-separated suite tasks for --accuracy"
     )
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
+    parser.add_argument(
+        "--dense-reference",
+        default="ort-int8",
+        help="comma-separated backends whose dense session is timed in every family's rounds (empty: none)",
+    )
     args = parse(parser, argv)
     families, backends = args.families.split(","), args.backends.split(",")
-    for value, valid, option in ((families, FAMILIES, "--families"), (backends, BACKENDS, "--backends")):
+    references = [b for b in args.dense_reference.split(",") if b]
+    for value, valid, option in (
+        (families, FAMILIES, "--families"),
+        (backends, BACKENDS, "--backends"),
+        (references, backends, "--dense-reference"),
+    ):
         unknown = [v for v in value if v not in valid]
         if unknown:
             parser.error(f"unknown {option} {unknown}; expected names from {', '.join(valid)}")
@@ -183,9 +197,12 @@ def main(argv: list[str] | None = None) -> None:
         built = {family: build(family, Path(tmp)) for family in tqdm(families, desc="export", unit="family")}
         rates = {}
         for family, (folder, graph) in tqdm(built.items(), desc="timing", unit="family"):
-            # One family's sessions at a time: every onnxruntime and OpenVINO session keeps the memory of its
-            # largest batch, and twenty of them at 128 x 128 exceed 24 GiB.
+            # One family's sessions at a time (and the dense reference's): every onnxruntime and OpenVINO session
+            # keeps the memory of its largest batch, and twenty of them at 128 x 128 exceed 24 GiB.
             sessions = runners(folder, graph, backends, threads)
+            if family != "dense" and "dense" in built:
+                reference = runners(*built["dense"], references, threads)
+                sessions.update({f"{REFERENCE}{name}": run for name, run in reference.items()})
             for batch_size, seq_len in shapes:
                 feed = random_feed(graph, batch_size, seq_len)
                 rates[family, batch_size, seq_len] = median_rates(sessions, feed, args.repeats, args.min_time)
@@ -200,11 +217,23 @@ def main(argv: list[str] | None = None) -> None:
                 if backend != "torch" and "torch" in rate:
                     cell += f" ({rate[backend] / rate['torch']:.2f}x"
                     dense = rates.get(("dense", batch_size, seq_len))
-                    cell += f", {rate[backend] / dense[backend]:.2f} of dense)" if dense and family != "dense" else ")"
+                    dense = rate.get(f"{REFERENCE}{backend}", dense and dense[backend])
+                    cell += f", {rate[backend] / dense:.2f} of dense)" if dense and family != "dense" else ")"
                 cells.append(cell)
             others = [rate[b] for b in backends if b != "torch"]
             best = max(others) / rate["torch"] if others and "torch" in rate else float("nan")
             print(f"| {family} | {batch_size} | {seq_len} | " + " | ".join(cells) + f" | {best:.2f} |")
+        if references and "dense" in built and len(built) > 1:  # the drift from block to block, as measured
+            print(
+                "\n| family | batch | tokens | "
+                + " | ".join(f"dense {b} in its rounds (seq/s)" for b in references)
+                + " |"
+            )
+            print("|---|---:|---:|" + "---:|" * len(references))
+            for (family, batch_size, seq_len), rate in rates.items():
+                if family != "dense":
+                    cells = " | ".join(f"{rate[REFERENCE + b]:.1f}" for b in references)
+                    print(f"| {family} | {batch_size} | {seq_len} | {cells} |")
         if args.accuracy:
             print(f"\n| family | {score_header(tasks)} |")
             print("|---|" + "---:|" * (5 * len(tasks)))
