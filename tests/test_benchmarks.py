@@ -239,9 +239,11 @@ def test_comoe_benchmark_runs(comoe_dir, capsys):
 
 @pytest.mark.slow
 def test_embed_benchmark_runs(capsys):
-    args = ["--sizes", "40", "--methods", "encode,ray", "--rounds", "1", "--memory-sizes", "20,200"]
+    args = ["--sizes", "40", "--methods", "encode,ray,cli", "--rounds", "1", "--memory-sizes", "20,200"]
     out = run_repo_script("benchmarks/bench_embed.py", *args, capsys=capsys)
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 40 |") or line.startswith("| 20 |")]
-    assert len(rows) == 2 and len(rows[0]) == 5 and all(float(cell.strip(" |")) > 0 for cell in rows[0][1:4])
+    assert len(rows) == 3 and len(rows[0]) == 5 and all(float(cell.strip(" |")) > 0 for cell in rows[0][1:4])
+    encode, cli, ratio = (float(cell.strip(" |")) for cell in rows[1][1:])  # from a shell: encode, the command
+    assert encode > 0 and cli > 0 and abs(cli / encode - ratio) < 0.006
     memory = [line.split(" | ") for line in out.splitlines() if line.startswith("| 200 |")]
     assert len(memory) == 1 and float(memory[0][2]) > 0 and float(memory[0][3].rstrip(" |")) > 0  # driver, worker
