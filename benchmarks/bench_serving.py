@@ -172,12 +172,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument(
         "--dense-reference",
-        default="ort-int8",
-        help="comma-separated backends whose dense session is timed in every family's rounds (empty: none)",
+        default=None,
+        help="comma-separated backends whose dense session is timed in every family's rounds "
+        "(default: ort-int8 where --backends has it; empty: none)",
     )
     args = parse(parser, argv)
     families, backends = args.families.split(","), args.backends.split(",")
-    references = [b for b in args.dense_reference.split(",") if b]
+    default_references = "ort-int8" if "ort-int8" in backends else ""
+    references = [
+        b for b in (args.dense_reference if args.dense_reference is not None else default_references).split(",") if b
+    ]
     for value, valid, option in (
         (families, FAMILIES, "--families"),
         (backends, BACKENDS, "--backends"),

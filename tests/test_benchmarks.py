@@ -91,6 +91,14 @@ def test_int8_accuracy_script_refuses_bad_input(tmp_path, capsys):
     assert "no config.json" in errors and "expected suite tasks" in errors
 
 
+def test_serving_refuses_a_dense_reference_outside_its_backends(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_repo_script(
+            "benchmarks/bench_serving.py", "--backends", "torch,ort", "--dense-reference", "ov", capsys=capsys
+        )
+    assert exit_info.value.code == 2 and "unknown --dense-reference ['ov']" in capsys.readouterr().err
+
+
 def test_serving_accuracy_refuses_unknown_tasks_and_missing_data_before_exporting(monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for tasks, expected in (("NoSuchTask", "unknown tasks ['NoSuchTask']"), ("SICK-R", "mteb/sickr-sts")):
