@@ -153,3 +153,16 @@ def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, dense_pat
     torch.testing.assert_close(
         adapter.encode(texts, convert_to_tensor=True), reference.encode(texts, convert_to_tensor=True)
     )
+
+
+def test_the_folder_check_reads_weights_without_importing_torch():
+    """`moe-embed embed`'s driver checks the model folder but never runs it: the check must not import torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from moe_embed.folders import bundled_minilm_path, check_weights; "
+        "check_weights(bundled_minilm_path()); print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
