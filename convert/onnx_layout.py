@@ -46,14 +46,18 @@ def eager_attention(model):
 
 def flatten_layer_norms(model: onnx.ModelProto) -> int:
     """Run every last-axis `LayerNormalization` of `model` (in place) on its input viewed as `(-1, hidden)`, and
-    view the result back in the input's shape; returns how many were rewritten."""
+    view the result back in the input's shape; returns how many were rewritten. One whose input the exporter
+    recorded as `(tokens, hidden)` already (MoTE's experts in a graph) is left as it is."""
     initializers = {tensor.name: tensor for tensor in model.graph.initializer}
+    ranks = {
+        v.name: len(v.type.tensor_type.shape.dim) for v in model.graph.value_info if v.type.HasField("tensor_type")
+    }
     nodes, rewritten = [], 0
     for node in model.graph.node:
         axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), -1)
         scale = initializers.get(node.input[1]) if len(node.input) > 1 else None
         plain = node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx") and len(node.output) == 1
-        if not plain or axis != -1 or scale is None:
+        if not plain or axis != -1 or scale is None or ranks.get(node.input[0]) == 2:
             nodes.append(node)
             continue
         hidden = int(numpy_helper.to_array(scale).shape[-1])

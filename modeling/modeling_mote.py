@@ -43,10 +43,12 @@ class MoteModelOutput(BaseModelOutputWithPooling):
 @dataclass(frozen=True)
 class MoteRouting:
     """Routing of one batch, whose rows are sorted by task: `(expert, start_row, end_row)` for each task present,
-    or, in a traced graph (`segments=None`), the expert index of each (sorted) row."""
+    or, in a traced graph (`segments=None`), the expert index of each (sorted) row and, in an exported graph,
+    how many of the batch's tokens each loaded expert takes (`token_counts`, in the order of `experts`' keys)."""
 
     segments: tuple[tuple[int, int, int], ...] | None
     task_ids: torch.LongTensor | None = None
+    token_counts: list | None = None
 
 
 class MoteBertExpert(nn.Module):
@@ -81,18 +83,13 @@ class MoteBertLayer(EncoderLayer):
                 rows = (task_ids == int(key)).nonzero().squeeze(-1)
                 output = output.index_copy(0, rows, expert(attention_output.index_select(0, rows)))
             return output, None
-        if routing.segments is None:  # an exported graph: the rows of each task, found by tensor ops
-            task_ids = routing.task_ids.to(attention_output.device)
-            # the batch is sorted by task and every row has a loaded expert: concatenated, the experts' outputs
-            # are the rows in order (no scatter into a zero tensor per expert, which ONNX copies whole)
-            output = torch.cat(
-                [
-                    expert(attention_output.index_select(0, (task_ids == int(key)).nonzero().squeeze(-1)))
-                    for key, expert in self.experts.items()
-                ]
-            )
-            torch._check(output.shape[0] == attention_output.shape[0])  # for the tracer: every row once
-            return output, None
+        if routing.segments is None:  # an exported graph: each expert on its run of the sorted batch's tokens
+            # flattened to (tokens, hidden), one `Split` feeds every expert and their LayerNorms need no reshaping
+            # (`convert/onnx_layout.py`): per expert, its own ops and nothing else
+            tokens = attention_output.reshape(-1, attention_output.shape[-1])
+            parts = tokens.split(routing.token_counts)
+            output = torch.cat([expert(part) for expert, part in zip(self.experts.values(), parts, strict=True)])
+            return output.view(attention_output.shape), None
         if len(routing.segments) == 1:
             return self.experts[str(routing.segments[0][0])](attention_output), None
         # One call per task present, each on a contiguous slice of rows (a view, no gather).
@@ -371,7 +368,20 @@ class MoteBertModel(MoteBertPreTrainedModel):
         experts = ids.masked_fill(unrouted, indices[0])
         # unique keys, so the sort is stable without a stable sort (which ONNX has not)
         order = torch.argsort(experts * ids.shape[0] + torch.arange(ids.shape[0], device=ids.device))
-        return MoteRouting(None, experts[order]), order, ids, unrouted
+        return MoteRouting(None, experts[order], self._token_counts(experts, indices, input_ids)), order, ids, unrouted
+
+    @staticmethod
+    def _token_counts(experts: torch.Tensor, indices: list[int], input_ids: torch.Tensor) -> list | None:
+        """Tokens per loaded expert, for `torch.export` (data-dependent sizes: one `Split` that every expert layer
+        reads); `None` under `torch.compile` or a tracer, whose shapes are static."""
+        if not exporting_program():
+            return None
+        rows = (experts.unsqueeze(1) == torch.tensor(indices, device=experts.device)).sum(0)
+        counts = (rows * input_ids.shape[1]).tolist()
+        for count in counts:
+            torch._check(count >= 0)
+        torch._check(sum(counts) == input_ids.shape[0] * input_ids.shape[1])  # every row has one loaded expert
+        return counts
 
     def _check_experts_present(self, experts: list[int]) -> None:
         """Raise a clear error when a requested task's experts were dropped or offloaded."""

@@ -52,6 +52,20 @@ def test_exported_graphs_avoid_the_slow_kernels(family, mote_onnx, moe_onnx, com
     assert sum(n.op_type in ("MatMul", "Gemm") and n.input[1] in weights for n in int8.graph.node) == routers
 
 
+def test_routed_mote_graph_splits_each_expert_layer_once(mote_onnx, tmp_path):
+    """MoTE's experts read their runs of the sorted batch from one `Split` per expert layer, flattened to
+    (tokens, hidden): no per-expert `NonZero` + `Gather`, and the experts' LayerNorms need no reshaping."""
+    for file in ("onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"):
+        ops = optimized_ops(mote_onnx / file, tmp_path)
+        assert ops["NonZero"] == 0, (file, ops)
+        assert ops["Split"] >= 3, (file, ops)  # one per expert layer (and any onnxruntime fuses elsewhere)
+    model = onnx.load(str(mote_onnx / "onnx/model.onnx"))
+    produced_by = {output: node for node in model.graph.node for output in node.output}
+    expert_norms = [n for n in model.graph.node if n.op_type == "LayerNormalization" and ".experts." in n.input[1]]
+    assert len(expert_norms) == 3 * 4 * 2  # three expert layers, four tasks, two norms per expert
+    assert all(produced_by[n.input[0]].op_type != "Reshape" for n in expert_norms)
+
+
 def test_flattened_layer_norms_compute_the_same(tmp_path):
     """The rewrite on a residual + LayerNorm graph: same outputs for several shapes, and onnxruntime no longer
     fuses it into SkipLayerNormalization."""
@@ -86,6 +100,32 @@ def test_flattened_layer_norms_compute_the_same(tmp_path):
         )
         assert got.shape == shape
         np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_flattening_leaves_a_layer_norm_of_rows_alone():
+    """A LayerNorm whose input the exporter recorded as (tokens, hidden) is already flat: no Reshape around it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    hidden = 4
+    scale, bias = (numpy_helper.from_array(np.ones(hidden, np.float32), n) for n in ("g", "b"))
+    nodes = [
+        helper.make_node("Identity", ["x"], ["rows"]),
+        helper.make_node("LayerNormalization", ["rows", "g", "b"], ["y"], axis=-1),
+    ]
+    info = [helper.make_tensor_value_info("rows", TensorProto.FLOAT, ["tokens", hidden])]
+    graph = helper.make_graph(
+        nodes,
+        "ln",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", hidden])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["tokens", hidden])],
+        [scale, bias],
+        value_info=info,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert flatten_layer_norms(model) == 0
+    assert [n.op_type for n in model.graph.node] == ["Identity", "LayerNormalization"]
+    del model.graph.value_info[:]  # rank unknown: flattened, as before
+    assert flatten_layer_norms(model) == 1
 
 
 def test_eager_attention_is_restored_after_the_trace(mote_dir):
