@@ -121,6 +121,9 @@ def test_parquet_and_a_folder_of_files_are_read_whole_across_shards(dense_path, 
         assert report.embedded == len(TEXTS)
         got = read_output(output)
         assert np.abs(np.stack([got[i] for i in ids]) - expected).max() <= 1e-5
+        # each shard records how long its embedding took: part of the job's time, more than nothing
+        seconds = [json.loads(p.read_text())["embed_seconds"] for p in output.glob("part-*.json")]
+        assert len(seconds) == report.shards and all(0 < s <= report.seconds for s in seconds)
 
 
 def test_stopped_job_resumes_to_the_one_process_result(trained_mote, tmp_path):

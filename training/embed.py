@@ -145,7 +145,8 @@ def fault_injection() -> dict:
 
 def embed_shard(embedder, shard: Shard, options: EmbedOptions, output: Path, node: str | None = None) -> dict:
     """Read, check, embed and write one shard; returns what the progress bar needs. `part-NNNNNN.json` records
-    the rows read, the bad rows, the long texts, the node (Ray's id) that embedded it and the worker's peak memory."""
+    the rows read, the bad rows, the long texts, the node (Ray's id) that embedded it, the seconds its embedding
+    took (the model's call alone) and the worker's peak memory."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -159,7 +160,9 @@ def embed_shard(embedder, shard: Shard, options: EmbedOptions, output: Path, nod
         else:
             good.append(i)
     kept = [texts[i] for i in good]
+    started = time.perf_counter()
     vectors = embedder(kept, options.batch_size) if kept else np.zeros((0, embedder.dimension), dtype=np.float32)
+    seconds = time.perf_counter() - started
     _inject_fault()
     summary = {
         "shard": shard.to_dict(),
@@ -169,6 +172,7 @@ def embed_shard(embedder, shard: Shard, options: EmbedOptions, output: Path, nod
         "longer_than_model": embedder.longer_than_model(kept),
         "task": options.task,
         "node": node,
+        "embed_seconds": round(seconds, 3),
         "peak_rss_mib": round(peak_rss_mib(), 1),
     }
     table = pa.table(
