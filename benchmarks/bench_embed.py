@@ -22,7 +22,9 @@ Each method runs in a fresh process, in rounds that interleave them; the table g
 ratios. A second table times the same runs as a shell sees them, from the process's start to its exit
 (Python's start and every import included), with `moe-embed embed` run as the command itself (`cli`: a
 driver that never imports torch, a Ray started for the job): what a user who runs a script or the command
-waits for.
+waits for. A third table gives the rate of the model's calls alone: `encode`'s one call, and the sum of what
+each `moe-embed embed` shard records as `embed_seconds` (the same `SentenceTransformer.encode`, inside the
+actor), which separates the per-row part of the gap from the fixed one.
 
 `--memory-sizes`: `ray-running` at corpus sizes 10x apart, in shards of `--memory-rows-per-shard` rows (so
 that both sizes fill their shards), with the peak resident memory (`VmHWM`) of the driver process and of the
@@ -48,7 +50,8 @@ from moe_embed.usage import command_parser, parse, run_cli
 METHODS = ("encode", "pool", "ray", "ray-running", "ray-2x1", "ray-int8", "cli")
 INT8_GRAPH = "onnx/model_qint8_avx512_vnni.onnx"
 
-# One method, timed in a fresh process: prints {"seconds": ..., "driver_mib": ..., "worker_mib": ...}.
+# One method, timed in a fresh process: prints {"seconds", "driver_mib", "worker_mib", "model_seconds"}
+# (`model_seconds`: the model's calls alone; for `moe-embed embed`, its shards' `embed_seconds`).
 RUN = r"""
 import json, sys, time
 method, corpus, output, model, onnx_dir, rows_per_shard = sys.argv[1:7]
@@ -64,11 +67,14 @@ if method in ("encode", "pool"):
     from sentence_transformers import SentenceTransformer
     st = SentenceTransformer(model, device="cpu")
     if method == "encode":
+        called = time.perf_counter()
         vectors = st.encode(texts, batch_size=64)
+        model_seconds = time.perf_counter() - called
     else:
         pool = st.start_multi_process_pool(["cpu"] * torch.get_num_threads())
         vectors = st.encode(texts, batch_size=64, pool=pool)
         st.stop_multi_process_pool(pool)
+        model_seconds = None
     assert len(vectors) == len(texts)
 else:
     settings = {"ray-2x1": {"actors": 2, "cpus_per_actor": 1}}.get(method, {})
@@ -78,8 +84,12 @@ else:
     report = embed_corpus(options)
     assert report.embedded == len(texts)
 seconds = time.perf_counter() - start
-workers = [json.loads(p.read_text())["peak_rss_mib"] for p in __import__("pathlib").Path(output).glob("part-*.json")]
-print(json.dumps({"seconds": seconds, "driver_mib": peak_rss_mib(), "worker_mib": max(workers, default=0.0)}))
+shards = [json.loads(p.read_text()) for p in __import__("pathlib").Path(output).glob("part-*.json")]
+if shards:
+    model_seconds = sum(shard["embed_seconds"] for shard in shards)
+workers = [shard["peak_rss_mib"] for shard in shards]
+print(json.dumps({"seconds": seconds, "driver_mib": peak_rss_mib(), "worker_mib": max(workers, default=0.0),
+                  "model_seconds": model_seconds}))
 """
 
 
@@ -112,10 +122,18 @@ def run_method(method: str, corpus: Path, work: Path, model: str, onnx_dir: Path
     wall = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(f"{method} failed:\n{done.stderr[-3000:]}")
-    shutil.rmtree(output, ignore_errors=True)
     if method == "cli":
-        return {"seconds": wall, "wall": wall}
+        shards = [json.loads(p.read_text()) for p in output.glob("part-*.json")]
+        shutil.rmtree(output, ignore_errors=True)
+        return {"seconds": wall, "wall": wall, "model_seconds": sum(shard["embed_seconds"] for shard in shards)}
+    shutil.rmtree(output, ignore_errors=True)
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "wall": wall}
+
+
+def rows_per_second(rate: float) -> str:
+    """A rate as the tables print it: whole rows/s, two significant digits below 10 (a slow machine's tiny
+    corpus still shows what it measured, not 0)."""
+    return f"{rate:.0f}" if rate >= 10 else f"{rate:.2g}"
 
 
 def best_of(rate: dict) -> float:
@@ -156,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
             header = " | ".join(f"{m} (rows/s)" for m in timed)
             print(f"| rows | {header} | ray / best ST | ray-int8 / ray-running |")
             print("|---:|" + "---:|" * (len(timed) + 2))
-        shell_rows = []
+        shell_rows, model_rows = [], []
         for size in [int(s) for s in args.sizes.split(",") if s]:
             corpus = write_corpus(work / f"corpus-{size}.jsonl", size)
             runs = {m: [] for m in methods}
@@ -165,17 +183,25 @@ def main(argv: list[str] | None = None) -> None:
                     runs[method].append(run_method(method, corpus, work, model, onnx_dir))
             rate = {m: size / statistics.median(r["seconds"] for r in runs[m]) for m in timed}
             if timed:
-                cells = " | ".join(f"{rate[m]:.0f}" for m in timed)
+                cells = " | ".join(rows_per_second(rate[m]) for m in timed)
                 ratios = rate.get("ray", nan) / best_of(rate), rate.get("ray-int8", nan) / rate.get("ray-running", nan)
                 print(f"| {size} | {cells} | {ratios[0]:.2f} | {ratios[1]:.2f} |", flush=True)
             wall = {m: size / statistics.median(r["wall"] for r in runs[m]) for m in shell}
-            cells = " | ".join(f"{wall[m]:.0f}" for m in shell)
+            cells = " | ".join(rows_per_second(wall[m]) for m in shell)
             shell_rows.append(f"| {size} | {cells} | {wall.get('cli', nan) / best_of(wall):.2f} |")
+            called = [m for m in methods if runs[m][0].get("model_seconds") is not None]
+            calls = {m: size / statistics.median(r["model_seconds"] for r in runs[m]) for m in called}
+            model_rows.append((called, size, calls))
         if shell_rows and "cli" in shell:
             print("\nFrom a shell: the process's start to its exit, imports included (`cli`: `moe-embed embed`)")
             print("| rows | " + " | ".join(f"{m} (rows/s)" for m in shell) + " | cli / best ST |")
             print("|---:|" + "---:|" * (len(shell) + 1))
             print("\n".join(shell_rows), flush=True)
+        for called, size, calls in model_rows:  # where the per-row part of the gap is: the model's calls
+            print(f"\nThe model's calls alone at {size} rows (`encode`'s call; `embed`'s shards' `embed_seconds`):")
+            print("| " + " | ".join(f"{m} (rows/s)" for m in called) + " |")
+            print("|" + "---:|" * len(called))
+            print("| " + " | ".join(rows_per_second(calls[m]) for m in called) + " |", flush=True)
         if args.memory_sizes:
             print("\n| rows | ray-running (rows/s) | driver peak (MiB) | worker peak (MiB) |")
             print("|---:|---:|---:|---:|")
@@ -183,7 +209,7 @@ def main(argv: list[str] | None = None) -> None:
                 corpus = write_corpus(work / f"memory-{size}.jsonl", size)
                 result = run_method("ray-running", corpus, work, model, onnx_dir, args.memory_rows_per_shard)
                 print(
-                    f"| {size} | {size / result['seconds']:.0f} | {result['driver_mib']:.0f} | "
+                    f"| {size} | {rows_per_second(size / result['seconds'])} | {result['driver_mib']:.0f} | "
                     f"{result['worker_mib']:.0f} |",
                     flush=True,
                 )

@@ -252,9 +252,12 @@ def test_embed_benchmark_runs(capsys):
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 40 |") or line.startswith("| 20 |")]
     assert len(rows) == 3 and len(rows[0]) == 5 and all(float(cell.strip(" |")) > 0 for cell in rows[0][1:4])
     encode, cli, ratio = (float(cell.strip(" |")) for cell in rows[1][1:])  # from a shell: encode, the command
-    # the rates are printed rounded to whole rows/s, the ratio from the unrounded rates
-    assert (
-        encode > 0 and cli > 0 and (cli - 0.5) / (encode + 0.5) - 0.006 <= ratio <= (cli + 0.5) / (encode - 0.5) + 0.006
-    )
+    # the rates are printed rounded (whole rows/s, two significant digits below 10), the ratio from the unrounded
+    e, c = (0.5 if rate >= 10 else 0.05 if rate >= 1 else 0.005 for rate in (encode, cli))
+    assert encode > 0 and cli > 0 and (cli - c) / (encode + e) - 0.006 <= ratio <= (cli + c) / (encode - e) + 0.006
+    lines = out.splitlines()
+    calls = next(i for i, line in enumerate(lines) if line.startswith("The model's calls alone at 40 rows"))
+    assert lines[calls + 1] == "| encode (rows/s) | ray (rows/s) | cli (rows/s) |"
+    assert all(float(cell) > 0 for cell in lines[calls + 3].strip("| ").split(" | "))  # every method's calls timed
     memory = [line.split(" | ") for line in out.splitlines() if line.startswith("| 200 |")]
     assert len(memory) == 1 and float(memory[0][2]) > 0 and float(memory[0][3].rstrip(" |")) > 0  # driver, worker
