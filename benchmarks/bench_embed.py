@@ -50,8 +50,8 @@ from moe_embed.usage import command_parser, parse, run_cli
 METHODS = ("encode", "pool", "ray", "ray-running", "ray-2x1", "ray-int8", "cli")
 INT8_GRAPH = "onnx/model_qint8_avx512_vnni.onnx"
 
-# One method, timed in a fresh process: prints {"seconds", "driver_mib", "worker_mib", "model_seconds"}
-# (`model_seconds`: the model's calls alone; for `moe-embed embed`, its shards' `embed_seconds`).
+# One method, timed in a fresh process: prints {"seconds", "driver_mib", "model_seconds"} (`model_seconds`:
+# `encode`'s call alone; `run_method` reads an embed job's from its shards).
 RUN = r"""
 import json, sys, time
 method, corpus, output, model, onnx_dir, rows_per_shard = sys.argv[1:7]
@@ -83,13 +83,9 @@ else:
     options = EmbedOptions(model, corpus, output, batch_size=64, rows_per_shard=int(rows_per_shard), **settings)
     report = embed_corpus(options)
     assert report.embedded == len(texts)
+    model_seconds = None
 seconds = time.perf_counter() - start
-shards = [json.loads(p.read_text()) for p in __import__("pathlib").Path(output).glob("part-*.json")]
-if shards:
-    model_seconds = sum(shard["embed_seconds"] for shard in shards)
-workers = [shard["peak_rss_mib"] for shard in shards]
-print(json.dumps({"seconds": seconds, "driver_mib": peak_rss_mib(), "worker_mib": max(workers, default=0.0),
-                  "model_seconds": model_seconds}))
+print(json.dumps({"seconds": seconds, "driver_mib": peak_rss_mib(), "model_seconds": model_seconds}))
 """
 
 
@@ -108,8 +104,9 @@ def write_corpus(path: Path, count: int) -> Path:
 
 
 def run_method(method: str, corpus: Path, work: Path, model: str, onnx_dir: Path, rows_per_shard: int = 10_000):
-    """One method's `{"seconds", "driver_mib", "worker_mib", "wall"}` (`wall`: the process's whole life), in a
-    fresh process; `cli` is `moe-embed embed` as a command (its `seconds` are its `wall`)."""
+    """One method's `{"seconds", "driver_mib", "worker_mib", "model_seconds", "wall"}` (`wall`: the process's whole
+    life; an embed job's worker memory and model seconds from its shards' summaries), in a fresh process; `cli` is
+    `moe-embed embed` as a command (its `seconds` are its `wall`)."""
     output = work / f"out-{method}"
     if method == "cli":
         command = [sys.executable, "-m", "training.embed", model, str(corpus), "--output", str(output)]
@@ -122,12 +119,13 @@ def run_method(method: str, corpus: Path, work: Path, model: str, onnx_dir: Path
     wall = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(f"{method} failed:\n{done.stderr[-3000:]}")
-    if method == "cli":
-        shards = [json.loads(p.read_text()) for p in output.glob("part-*.json")]
-        shutil.rmtree(output, ignore_errors=True)
-        return {"seconds": wall, "wall": wall, "model_seconds": sum(shard["embed_seconds"] for shard in shards)}
+    shards = [json.loads(p.read_text()) for p in output.glob("part-*.json")]  # an embed job's, each shard's summary
     shutil.rmtree(output, ignore_errors=True)
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "wall": wall}
+    result = {"seconds": wall} if method == "cli" else json.loads(done.stdout.strip().splitlines()[-1])
+    result["worker_mib"] = max((shard["peak_rss_mib"] for shard in shards), default=0.0)
+    if shards:
+        result["model_seconds"] = sum(shard["embed_seconds"] for shard in shards)
+    return {**result, "wall": wall}
 
 
 def rows_per_second(rate: float) -> str:
