@@ -245,19 +245,29 @@ def test_comoe_benchmark_runs(comoe_dir, capsys):
     assert sum(line.startswith(("| CoMoE", "| MoE-LoRA", "| LoRA", "| full")) for line in lines) == 4
 
 
+def table_rows(lines, header, count):
+    """The `count` data rows under a markdown table's `header` line, as lists of cells (found by the header, not
+    by a first cell: a rate printed in another table can read as a row count)."""
+    start = lines.index(header) + 2  # past the header and its |---:| line
+    return [line.strip("| ").split(" | ") for line in lines[start : start + count]]
+
+
 @pytest.mark.slow
 def test_embed_benchmark_runs(capsys):
     args = ["--sizes", "40", "--methods", "encode,ray,cli", "--rounds", "1", "--memory-sizes", "20,200"]
-    out = run_repo_script("benchmarks/bench_embed.py", *args, capsys=capsys)
-    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 40 |") or line.startswith("| 20 |")]
-    assert len(rows) == 3 and len(rows[0]) == 5 and all(float(cell.strip(" |")) > 0 for cell in rows[0][1:4])
-    encode, cli, ratio = (float(cell.strip(" |")) for cell in rows[1][1:])  # from a shell: encode, the command
+    lines = run_repo_script("benchmarks/bench_embed.py", *args, capsys=capsys).splitlines()
+    header = "| rows | encode (rows/s) | ray (rows/s) | ray / best ST | ray-int8 / ray-running |"
+    [timed] = table_rows(lines, header, 1)
+    assert timed[0] == "40" and all(float(cell) > 0 for cell in timed[1:4])
+    [shell] = table_rows(lines, "| rows | encode (rows/s) | cli (rows/s) | cli / best ST |", 1)
+    encode, cli, ratio = (float(cell) for cell in shell[1:])  # from a shell: encode, the command
     # the rates are printed rounded (whole rows/s, two significant digits below 10), the ratio from the unrounded
     e, c = (0.5 if rate >= 10 else 0.05 if rate >= 1 else 0.005 for rate in (encode, cli))
-    assert encode > 0 and cli > 0 and (cli - c) / (encode + e) - 0.006 <= ratio <= (cli + c) / (encode - e) + 0.006
-    lines = out.splitlines()
+    assert shell[0] == "40" and encode > 0 and cli > 0
+    assert (cli - c) / (encode + e) - 0.006 <= ratio <= (cli + c) / (encode - e) + 0.006
     calls = next(i for i, line in enumerate(lines) if line.startswith("The model's calls alone at 40 rows"))
-    assert lines[calls + 1] == "| encode (rows/s) | ray (rows/s) | cli (rows/s) |"
-    assert all(float(cell) > 0 for cell in lines[calls + 3].strip("| ").split(" | "))  # every method's calls timed
-    memory = [line.split(" | ") for line in out.splitlines() if line.startswith("| 200 |")]
-    assert len(memory) == 1 and float(memory[0][2]) > 0 and float(memory[0][3].rstrip(" |")) > 0  # driver, worker
+    [called] = table_rows(lines[calls:], "| encode (rows/s) | ray (rows/s) | cli (rows/s) |", 1)
+    assert all(float(cell) > 0 for cell in called)  # every method's calls timed
+    memory = table_rows(lines, "| rows | ray-running (rows/s) | driver peak (MiB) | worker peak (MiB) |", 2)
+    assert [row[0] for row in memory] == ["20", "200"]
+    assert all(float(cell) > 0 for row in memory for cell in row[1:])  # rate, driver, worker at both sizes
