@@ -139,7 +139,6 @@ def test_onnx_encoder_is_scored_by_mteb_as_its_sentence_transformer(trained_mote
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_int8_graphs_benchmark_runs(capsys):
     quick = ["--batch-sizes", "2", "--seq-lens", "8", "--repeats", "1", "--min-time", "0.01"]
     out = run_repo_script("benchmarks/int8_graphs.py", *quick, capsys=capsys)
