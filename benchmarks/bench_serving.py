@@ -6,7 +6,9 @@
 
 Families, all from the bundled all-MiniLM-L6-v2: `dense` (the model every user compares with: plain BERT,
 mean pooling, normalisation), `mote` (upcycled to MoTE, routed in the graph: each batch mixes the four
-tasks by their prompts), `mote-query` (`--task query`: one task's experts, a plain graph), `moe` (token
+tasks by their prompts), `mote-one-task` (the same routed graph, every row with the query prompt, as
+`encode(texts, prompt_name="query")` sends a batch), `mote-query` (`--task query`: one task's experts, a plain
+graph), `moe` (token
 routed, 8 experts, top-2, every other layer), `comoe` (LoRA experts, top-2 of 4, unmerged) and
 `comoe-merged` (the same CoMoE folder through `moe-embed merge --calibration` first, the package's calibration
 texts: a dense graph; its `torch` is the merged model, so compare with the `comoe` row's `torch` for what
@@ -46,7 +48,7 @@ from convert.openvino_int8 import CALIBRATION_TEXTS, OPENVINO_INT8_FILE
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.usage import parse, run_cli
 
-FAMILIES = ("dense", "mote", "mote-query", "moe", "comoe", "comoe-merged")
+FAMILIES = ("dense", "mote", "mote-one-task", "mote-query", "moe", "comoe", "comoe-merged")
 BACKENDS = ("torch", "ort", "ort-int8", "ov", "ov-int8")
 INT8 = f"onnx/{INT8_FILE}"
 REFERENCE = "dense reference "  # the name prefix of the dense sessions timed in another family's rounds
@@ -74,7 +76,7 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
         quantize_checked(out, session(out / GRAPH_FILE), st, client, DEFAULT_MIN_COSINE)
         return out, graph
     options = {"mote": {}, "moe": {"arch": "moe", "expert_noise": 0.02}, "comoe": {"arch": "comoe"}}
-    source = work / family.split("-")[0]  # mote-query and comoe-merged start from the mote and comoe folders
+    source = work / family.split("-")[0]  # the mote-… and comoe-merged families start from the mote and comoe folders
     if not source.exists():
         upcycle(UpcycleOptions(output=source, **options[source.name]))
     task = "query" if family == "mote-query" else None
@@ -85,10 +87,11 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
     return out, build_graph(source, st, task)
 
 
-def random_feed(graph, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
-    """`benchmarks.common.batch_of` (a MoTE row starts with its task's prefix, routed in the graph) as a client
-    feeds it: no `task_ids`, token type ids zero."""
-    batch = {k: v.numpy() for k, v in batch_of(graph.model, batch_size, seq_len).items() if k != "task_ids"}
+def random_feed(graph, batch_size: int, seq_len: int, family: str = "") -> dict[str, np.ndarray]:
+    """`benchmarks.common.batch_of` (a MoTE row starts with its task's prefix, routed in the graph; every row the
+    query's for `mote-one-task`) as a client feeds it: no `task_ids`, token type ids zero."""
+    tasks = ["query"] if family == "mote-one-task" else None
+    batch = {k: v.numpy() for k, v in batch_of(graph.model, batch_size, seq_len, tasks).items() if k != "task_ids"}
     return {**batch, "token_type_ids": np.zeros_like(batch["input_ids"])}
 
 
@@ -198,7 +201,10 @@ def main(argv: list[str] | None = None) -> None:
     shapes = prepare(args)
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
-        built = {family: build(family, Path(tmp)) for family in tqdm(families, desc="export", unit="family")}
+        built = {}
+        for family in tqdm(families, desc="export", unit="family"):  # mote-one-task: mote's graph, other rows
+            reuse = family == "mote-one-task" and "mote" in built
+            built[family] = built["mote"] if reuse else build(family, Path(tmp))
         rates = {}
         for family, (folder, graph) in tqdm(built.items(), desc="timing", unit="family"):
             # One family's sessions at a time (and the dense reference's): every onnxruntime and OpenVINO session
@@ -208,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
                 reference = runners(*built["dense"], references, threads)
                 sessions.update({f"{REFERENCE}{name}": run for name, run in reference.items()})
             for batch_size, seq_len in shapes:
-                feed = random_feed(graph, batch_size, seq_len)
+                feed = random_feed(graph, batch_size, seq_len, family)
                 rates[family, batch_size, seq_len] = median_rates(sessions, feed, args.repeats, args.min_time)
             del sessions
         print(f"torch {torch.__version__}, {threads} threads; {cpu_description()}")
@@ -241,7 +247,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.accuracy:
             print(f"\n| family | {score_header(tasks)} |")
             print("|---|" + "---:|" * (5 * len(tasks)))
-            for row in accuracy({f: folder for f, (folder, _) in built.items()}, tasks):
+            folders = {}  # each folder scored once (mote-one-task's is mote's)
+            for family, (folder, _) in built.items():
+                folders.setdefault(folder, family)
+            for row in accuracy({family: folder for folder, family in folders.items()}, tasks):
                 print(row, flush=True)
 
 

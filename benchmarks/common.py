@@ -52,14 +52,14 @@ def median_rates(models: dict, batch: dict, repeats: int, min_time: float) -> di
     return {name: statistics.median(values) for name, values in timings.items()}
 
 
-def batch_of(model, batch_size: int, seq_len: int) -> dict:
-    """Random token ids, no padding; a MoTE model's rows start with the prefix of task `row % tasks` (`task_ids`
-    -1: routed by the prefix), so that a batch mixes every task."""
+def batch_of(model, batch_size: int, seq_len: int, tasks: list[str] | None = None) -> dict:
+    """Random token ids, no padding; a MoTE model's rows start with the prefix of task `row % len(tasks)` (`tasks`:
+    every task of the model unless given; `task_ids` -1: routed by the prefix), so that a batch mixes them."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, model.config.vocab_size, (batch_size, seq_len), generator=generator)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if model.config.model_type == "mote_bert":
-        prefixes = [model.config.task_prefix_ids[t] for t in model.config.tasks]
+        prefixes = [model.config.task_prefix_ids[t] for t in tasks or model.config.tasks]
         for row in range(batch_size):
             prefix = prefixes[row % len(prefixes)][:seq_len]
             ids[row, : len(prefix)] = torch.tensor(prefix)

@@ -42,16 +42,28 @@ def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
     assert all(row.count("|") == 8 for row in rows)  # the expert-rows column too
 
 
+def test_batch_of_mixes_every_task_or_takes_the_given(mote_model):
+    from benchmarks.common import batch_of
+    from modeling.modeling_mote import detect_task_ids
+
+    config = mote_model.config
+    mixed = detect_task_ids(batch_of(mote_model, 8, 16)["input_ids"], config)
+    assert mixed.tolist() == [row % config.num_tasks for row in range(8)]  # routed by the prefixes written
+    query = detect_task_ids(batch_of(mote_model, 8, 16, ["query"])["input_ids"], config)
+    assert query.tolist() == [config.tasks.index("query")] * 8
+
+
 @pytest.mark.slow
 def test_serving_benchmark_runs(capsys):
     quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
-    args = [*quick, "--families", "dense,mote", "--accuracy", "--data-dir", str(FIXTURE_DATA)]
+    args = [*quick, "--families", "dense,mote,mote-one-task", "--accuracy", "--data-dir", str(FIXTURE_DATA)]
     out = run_repo_script("benchmarks/bench_serving.py", *args, capsys=capsys)
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| dense") or line.startswith("| mote")]
-    # timing, the dense reference timed in MoTE's rounds, then accuracy
-    assert [row[0] for row in rows] == ["| dense", "| mote", "| mote", "| dense", "| mote"]
-    timing, reference, accuracy = rows[:2], rows[2], rows[3:]
-    assert all(len(row) == 9 and float(row[-1].rstrip(" |")) > 0 for row in timing)
+    # timing, the dense reference timed in the MoTE families' rounds, then accuracy (the routed folder scored once)
+    one = "| mote-one-task"
+    assert [row[0] for row in rows] == ["| dense", "| mote", one, "| mote", one, "| dense", "| mote"]
+    timing, reference, accuracy = rows[:2], rows[3], rows[5:]
+    assert all(len(row) == 9 and float(row[-1].rstrip(" |")) > 0 for row in rows[:3])
     assert "of dense" in timing[1][4] and "of dense" not in timing[0][4]
     # onnxruntime int8's "of dense" is to the dense session of the same rounds (the reference row), not dense's row
     mote_int8, of_dense = (
