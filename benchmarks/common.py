@@ -52,6 +52,20 @@ def median_rates(models: dict, batch: dict, repeats: int, min_time: float) -> di
     return {name: statistics.median(values) for name, values in timings.items()}
 
 
+def median_milliseconds(sessions: dict, feed: dict, repeats: int, min_time: float) -> dict[str, float]:
+    """Median milliseconds per `session.run(None, feed)` of each of `sessions` (name -> onnxruntime session),
+    timed in `repeats` interleaved rounds of at least `min_time` seconds each."""
+    timings = {name: [] for name in sessions}
+    for _ in range(repeats):
+        for name, session in sessions.items():
+            calls, start = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - start) < min_time or calls == 0:
+                session.run(None, feed)
+                calls += 1
+            timings[name].append(elapsed / calls * 1e3)
+    return {name: statistics.median(values) for name, values in timings.items()}
+
+
 def batch_of(model, batch_size: int, seq_len: int, tasks: list[str] | None = None) -> dict:
     """Random token ids, no padding; a MoTE model's rows start with the prefix of task `row % len(tasks)` (`tasks`:
     every task of the model unless given; `task_ids` -1: routed by the prefix), so that a batch mixes them."""

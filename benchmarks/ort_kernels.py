@@ -13,12 +13,9 @@ does not match). Medians of interleaved rounds; ratio = fused time / unfused tim
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import numpy as np
 
-from benchmarks.common import cpu_description
+from benchmarks.common import cpu_description, median_milliseconds
 from moe_embed.usage import command_parser, parse, run_cli
 
 HIDDEN = 384
@@ -44,15 +41,6 @@ def residual_layer_norm(flatten: bool):
     if flatten:
         flatten_layer_norms(model)
     return model
-
-
-def milliseconds(session, feed: dict, min_time: float) -> float:
-    """Milliseconds per `session.run` over at least `min_time` seconds."""
-    calls, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < min_time or calls == 0:
-        session.run(None, feed)
-        calls += 1
-    return elapsed / calls * 1e3
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,11 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     for shape in args.shapes.split(","):
         batch, seq = (int(v) for v in shape.split("x"))
         feed = {n: rng.normal(size=(batch, seq, HIDDEN)).astype(np.float32) for n in ("x", "skip")}
-        times = {name: [] for name in sessions}
-        for _ in range(args.repeats):
-            for name, runner in sessions.items():
-                times[name].append(milliseconds(runner, feed, args.min_time))
-        median = {name: statistics.median(values) for name, values in times.items()}
+        median = median_milliseconds(sessions, feed, args.repeats, args.min_time)
         cells = " | ".join(f"{value:.3f}" for value in median.values())
         ratio = median["fused (default)"] / median["Add + LayerNorm"]
         print(f"| {batch} | {seq} | {cells} | {ratio:.2f} |", flush=True)

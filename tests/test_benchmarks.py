@@ -282,3 +282,45 @@ def test_embed_benchmark_runs(capsys):
     memory = table_rows(lines, "| rows | ray-running (rows/s) | driver peak (MiB) | worker peak (MiB) |", 2)
     assert [row[0] for row in memory] == ["20", "200"]
     assert all(float(cell) > 0 for row in memory for cell in row[1:])  # rate, driver, worker at both sizes
+
+
+def test_expert_split_variants_compute_what_they_stand_for():
+    import numpy as np
+    import onnxruntime
+
+    from benchmarks.expert_split import HIDDEN, build
+
+    feed = {"x": np.random.default_rng(1).normal(size=(12, HIDDEN)).astype(np.float32), "counts": np.full(4, 3)}
+    out = {}
+    for variant in ("one FFN", "4 experts", "4 x shared weights", "stacked"):
+        model = build(variant, layers=2).SerializeToString()
+        out[variant] = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    # the same weights in a routed layout compute the same function; each expert's own weights another one
+    np.testing.assert_allclose(out["4 x shared weights"], out["one FFN"], atol=1e-4)
+    np.testing.assert_allclose(out["stacked"], out["4 experts"], atol=1e-4)
+    np.testing.assert_allclose(out["4 experts"][:3], out["one FFN"][:3], atol=1e-4)  # expert 0 is the FFN's
+    assert np.abs(out["4 experts"][3:] - out["one FFN"][3:]).max() > 0.1
+
+
+def test_expert_split_benchmark_runs(capsys):
+    out = run_repo_script(
+        "benchmarks/expert_split.py",
+        "--tokens",
+        "8",
+        "--layers",
+        "1",
+        "--repeats",
+        "1",
+        "--min-time",
+        "0.01",
+        capsys=capsys,
+    )
+    [row] = table_rows(out.splitlines(), next(line for line in out.splitlines() if line.startswith("| tokens")), 1)
+    assert row[0] == "8" and len(row) == 8
+    for cell in row[1:5]:  # median (fastest-slowest round)
+        median, low, high = (float(v) for v in re.fullmatch(r"([\d.]+) \(([\d.]+)-([\d.]+)\)", cell).groups())
+        assert 0 < low <= median <= high
+    assert all(float(cell) > 0 for cell in row[5:])
+    with pytest.raises(SystemExit) as error:
+        run_repo_script("benchmarks/expert_split.py", "--tokens", "6", capsys=capsys)
+    assert error.value.code == 2

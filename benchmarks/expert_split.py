@@ -1,0 +1,201 @@
+"""What a mixed-task batch costs the routed MoTE graph in onnxruntime int8: one feed-forward block on all of a
+batch's tokens against four experts on a quarter of them each.
+
+    python -m benchmarks.expert_split
+    python -m benchmarks.expert_split --tokens 512,4096 --threads 2
+
+A routed MoTE graph runs each expert layer as the exporter writes it (`modeling/modeling_mote.py`): one `Split`
+of the task-sorted tokens, each expert's LayerNorm, two matmuls, Gelu and residual on its run, one `Concat`.
+This script builds that block at MiniLM's sizes (hidden 384, intermediate 1536, `--layers` of them) and times
+four variants, quantised as the export quantises (`convert.onnx_int8.quantize`: per-channel QInt8 MatMul
+weights), on the same tokens split into four equal runs:
+
+- `one FFN`: the dense model's block on every token (what a one-task batch costs);
+- `4 experts`: the routed graph's layout, each expert with its own weights;
+- `4 x shared weights`: the same layout, the four experts reading one set of weights (the same bytes as
+  `one FFN`: separates the weights' size from the split itself);
+- `stacked`: the four experts' weights stacked, one batched MatMul over `(experts, tokens / 4, hidden)`.
+  onnxruntime's `DynamicQuantizeMatMul` refuses per-channel zero points on 3-D weights, so this variant's
+  weights are quantised per tensor (the export's agreement check refuses per-tensor MoTE graphs: cosine 0.935,
+  `benchmarks/int8_settings.py`); its time is a bound on what the layout could give, not a servable graph.
+
+`--tokens 512` is a batch of 32 texts of 16 tokens, `4096` the same batch at 128 tokens. Medians of
+rounds, each opening its sessions anew (`timed_rounds`); ratios are to `one FFN` on the same tokens (above 1:
+slower).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import cpu_description, median_milliseconds
+from moe_embed.usage import command_parser, parse, run_cli
+
+HIDDEN, INTERMEDIATE, EXPERTS = 384, 1536, 4
+VARIANTS = ("one FFN", "4 experts", "4 x shared weights", "stacked")
+
+
+def block_weights(rng) -> dict[str, np.ndarray]:
+    """One feed-forward block's weights, at MiniLM's sizes."""
+    shapes = {"w1": (HIDDEN, INTERMEDIATE), "b1": (INTERMEDIATE,), "w2": (INTERMEDIATE, HIDDEN), "b2": (HIDDEN,)}
+    weights = {name: rng.normal(0, 0.05, shape).astype(np.float32) for name, shape in shapes.items()}
+    weights["gamma"] = 1 + rng.normal(0, 0.05, HIDDEN).astype(np.float32)
+    weights["beta"] = rng.normal(0, 0.05, HIDDEN).astype(np.float32)
+    return weights
+
+
+def block_nodes(x: str, out: str, weights: str, tag: str, affine_norm: bool = True) -> list:
+    """LayerNorm, up-projection, Gelu, down-projection, residual, LayerNorm: an expert as the export writes it.
+    `weights`: the name prefix of its initialisers. `affine_norm=False`: unit norms, then the weights' scale
+    and shift as Mul and Add (what stacked norm weights need: LayerNormalization's scale is one vector)."""
+    from onnx import helper
+
+    def norm(source: str, target: str) -> list:
+        if affine_norm:
+            return [helper.make_node("LayerNormalization", [source, f"{weights}gamma", f"{weights}beta"], [target])]
+        unit = [source, "unit_scale", "unit_shift"]
+        return [
+            helper.make_node("LayerNormalization", unit, [f"{target}_unit"]),
+            helper.make_node("Mul", [f"{target}_unit", f"{weights}gamma"], [f"{target}_scaled"]),
+            helper.make_node("Add", [f"{target}_scaled", f"{weights}beta"], [target]),
+        ]
+
+    t = tag
+    return [
+        *norm(x, f"{t}norm"),
+        helper.make_node("MatMul", [f"{t}norm", f"{weights}w1"], [f"{t}up"]),
+        helper.make_node("Add", [f"{t}up", f"{weights}b1"], [f"{t}up_bias"]),
+        helper.make_node("Gelu", [f"{t}up_bias"], [f"{t}act"]),
+        helper.make_node("MatMul", [f"{t}act", f"{weights}w2"], [f"{t}down"]),
+        helper.make_node("Add", [f"{t}down", f"{weights}b2"], [f"{t}down_bias"]),
+        helper.make_node("Add", [f"{t}down_bias", f"{t}norm"], [f"{t}residual"]),
+        *norm(f"{t}residual", out),
+    ]
+
+
+def build(variant: str, layers: int, seed: int = 0):
+    """The ModelProto of `layers` blocks of `variant` over `x` of shape `(tokens, hidden)`; `counts` (4 tokens
+    per expert, summing to the tokens) is an input of every variant. Every variant's first expert, and `one
+    FFN`'s block, have the same weights, so `4 x shared weights` computes what `one FFN` does, and `stacked`
+    what `4 experts` does."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    initialisers, nodes, x = {}, [], "x"
+    for layer in range(layers):
+        rng = np.random.default_rng(seed + layer)
+        experts = [block_weights(rng) for _ in range(EXPERTS)]
+        out = f"layer{layer}"
+        if variant == "one FFN":
+            initialisers.update({f"l{layer}_{n}": w for n, w in experts[0].items()})
+            nodes += block_nodes(x, out, f"l{layer}_", f"l{layer}_")
+        elif variant == "stacked":
+            stacked = {n: np.stack([e[n] for e in experts]) for n in experts[0]}  # vectors broadcast per token:
+            stacked = {n: w[:, None, :] if w.ndim == 2 else w for n, w in stacked.items()}  # (experts, 1, size)
+            initialisers.update({f"l{layer}_{n}": w for n, w in stacked.items()})
+            initialisers.update(
+                unit_scale=np.ones(HIDDEN, np.float32),
+                unit_shift=np.zeros(HIDDEN, np.float32),
+                **{f"l{layer}_grouped": np.array([EXPERTS, -1, HIDDEN]), f"l{layer}_flat": np.array([-1, HIDDEN])},
+            )
+            nodes.append(helper.make_node("Reshape", [x, f"l{layer}_grouped"], [f"l{layer}_groups"]))
+            nodes += block_nodes(f"l{layer}_groups", f"l{layer}_out", f"l{layer}_", f"l{layer}_", affine_norm=False)
+            nodes.append(helper.make_node("Reshape", [f"l{layer}_out", f"l{layer}_flat"], [out]))
+        else:
+            parts = [f"l{layer}_part{e}" for e in range(EXPERTS)]
+            nodes.append(helper.make_node("Split", [x, "counts"], parts, axis=0))
+            for e, part in enumerate(parts):
+                own = variant == "4 experts" or e == 0
+                if own:
+                    initialisers.update({f"l{layer}e{e}_{n}": w for n, w in experts[e].items()})
+                prefix = f"l{layer}e{e if own else 0}_"
+                nodes += block_nodes(part, f"{part}_out", prefix, f"l{layer}e{e}_")
+            nodes.append(helper.make_node("Concat", [f"{p}_out" for p in parts], [out], axis=0))
+        x = out
+    graph = helper.make_graph(
+        nodes,
+        variant.replace(" ", "_"),
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["tokens", HIDDEN]),
+            helper.make_tensor_value_info("counts", TensorProto.INT64, [EXPERTS]),
+        ],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["tokens", HIDDEN])],
+        [numpy_helper.from_array(w, name) for name, w in initialisers.items()],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])  # 20: the standard Gelu
+
+
+def int8_files(layers: int, work: Path) -> dict[str, Path]:
+    """Variant -> its int8 graph, written under `work`."""
+    import onnx
+
+    from convert.onnx_int8 import quantize
+
+    files = {}
+    for variant in VARIANTS:
+        fp32, files[variant] = work / f"{variant}.onnx", work / f"{variant}-int8.onnx"
+        onnx.save(build(variant, layers), fp32)
+        quantize(fp32, files[variant], per_channel=variant != "stacked")  # see the module docstring
+    return files
+
+
+def timed_rounds(files: dict[str, Path], feed: dict, args) -> dict[str, list[float]]:
+    """Milliseconds per call of each variant in each of `args.repeats` rounds. Every round opens new sessions,
+    in an order rotated by one from the last round's: a session's speed depends on where its buffers land
+    (the same graph measured 50 or 67 ms at 4096 tokens depending on the order its sessions were opened), so
+    no variant keeps one lucky or unlucky layout."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    times = {variant: [] for variant in files}
+    for round_ in range(args.repeats):
+        order = [*files][round_ % len(files) :] + [*files][: round_ % len(files)]
+        sessions = {
+            v: onnxruntime.InferenceSession(str(files[v]), options, providers=["CPUExecutionProvider"]) for v in order
+        }
+        for variant, value in median_milliseconds(sessions, feed, 1, args.min_time).items():
+            times[variant].append(value)
+        del sessions
+    return times
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = command_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", default="512,4096", help="comma-separated tokens per call (multiples of 4)")
+    parser.add_argument("--layers", type=int, default=3, help="expert layers (the routed MiniLM MoTE has 3)")
+    parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
+    parser.add_argument("--repeats", type=int, default=8, help="rounds, each with newly opened sessions")
+    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of calls per timing")
+    args = parse(parser, argv)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if any(t <= 0 or t % EXPERTS for t in tokens):
+        parser.error(f"--tokens must be positive multiples of {EXPERTS} (equal runs per expert), got {args.tokens}")
+    import onnxruntime
+
+    with tempfile.TemporaryDirectory() as tmp:
+        files = int8_files(args.layers, Path(tmp))
+        print(
+            f"onnxruntime {onnxruntime.__version__}, {args.threads} threads, {args.layers} layers; {cpu_description()}"
+        )
+        print(f"median ms per call of {args.repeats} rounds (fastest-slowest round); ratio of medians to one FFN")
+        print("| tokens | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | " + " | ".join(VARIANTS[1:]) + " |")
+        print("|---:|" + "---:|" * (2 * len(VARIANTS) - 1))
+        rng = np.random.default_rng(0)
+        for count in tokens:
+            feed = {
+                "x": rng.normal(size=(count, HIDDEN)).astype(np.float32),
+                "counts": np.full(EXPERTS, count // EXPERTS, dtype=np.int64),
+            }
+            times = timed_rounds(files, feed, args)
+            median = {v: statistics.median(t) for v, t in times.items()}
+            cells = " | ".join(f"{median[v]:.2f} ({min(times[v]):.2f}-{max(times[v]):.2f})" for v in VARIANTS)
+            ratios = " | ".join(f"{median[v] / median['one FFN']:.2f}" for v in VARIANTS[1:])
+            print(f"| {count} | {cells} | {ratios} |", flush=True)
+
+
+if __name__ == "__main__":
+    run_cli(main)
