@@ -56,13 +56,21 @@ def test_batch_of_mixes_every_task_or_takes_the_given(mote_model):
 @pytest.mark.slow
 def test_serving_benchmark_runs(capsys):
     quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
-    args = [*quick, "--families", "dense,mote,mote-one-task", "--accuracy", "--data-dir", str(FIXTURE_DATA)]
+    fresh = ["--fresh-rounds", "1", "--fresh-batch-sizes", "2"]
+    args = [*quick, *fresh, "--families", "dense,mote,mote-one-task", "--accuracy", "--data-dir", str(FIXTURE_DATA)]
     out = run_repo_script("benchmarks/bench_serving.py", *args, capsys=capsys)
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| dense") or line.startswith("| mote")]
-    # timing, the dense reference timed in the MoTE families' rounds, then accuracy (the routed folder scored once)
+    # timing, the dense reference timed in the MoTE families' rounds, each int8 graph alone in a new process, then
+    # accuracy (the routed folder scored once)
     one = "| mote-one-task"
-    assert [row[0] for row in rows] == ["| dense", "| mote", one, "| mote", one, "| dense", "| mote"]
-    timing, reference, accuracy = rows[:2], rows[3], rows[5:]
+    families = ["| dense", "| mote", one]
+    assert [row[0] for row in rows] == [*families, "| mote", one, *families, "| dense", "| mote"]
+    timing, reference, alone, accuracy = rows[:2], rows[3], rows[5:8], rows[8:]
+    rates = [float(row[3]) for row in alone]
+    assert all(len(row) == 5 and row[1:3] == ["2", "16"] for row in alone) and min(rates) > 0
+    assert alone[0][4] == " |" and all(
+        abs(float(row[4].rstrip(" |")) - r / rates[0]) < 0.006 for row, r in zip(alone[1:], rates[1:], strict=True)
+    )
     assert all(len(row) == 9 and float(row[-1].rstrip(" |")) > 0 for row in rows[:3])
     assert "of dense" in timing[1][4] and "of dense" not in timing[0][4]
     # onnxruntime int8's "of dense" is to the dense session of the same rounds (the reference row), not dense's row
@@ -323,4 +331,19 @@ def test_expert_split_benchmark_runs(capsys):
     assert all(float(cell) > 0 for cell in row[5:])
     with pytest.raises(SystemExit) as error:
         run_repo_script("benchmarks/expert_split.py", "--tokens", "6", capsys=capsys)
+    assert error.value.code == 2
+
+
+def test_session_rate_times_a_graph_and_refuses_a_missing_one(tmp_path, capsys):
+    import numpy as np
+
+    from benchmarks.expert_split import HIDDEN, build
+
+    model, feed = tmp_path / "block.onnx", tmp_path / "feed.npz"
+    model.write_bytes(build("one FFN", layers=1).SerializeToString())
+    np.savez(feed, x=np.ones((8, HIDDEN), np.float32), counts=np.full(4, 2), unused=np.zeros(3))
+    out = run_repo_script("benchmarks/session_rate.py", str(model), str(feed), "--min-time", "0.01", capsys=capsys)
+    assert float(out.split()[-1]) > 0
+    with pytest.raises(SystemExit) as error:
+        run_repo_script("benchmarks/session_rate.py", str(tmp_path / "missing.onnx"), str(feed), capsys=capsys)
     assert error.value.code == 2

@@ -1,0 +1,54 @@
+"""Rows per second of one onnxruntime session, alone in this process: what `bench_serving --fresh-rounds` runs
+in a new process for each timing, so that no other session, model or thread pool of the benchmark shares it.
+
+    python -m benchmarks.session_rate FOLDER/onnx/model_qint8_avx512_vnni.onnx FEED.npz --threads 2
+
+FEED is an `.npz` of the graph's inputs (extra arrays are ignored); the rate counts its first axis.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from moe_embed.usage import command_parser, parse, run_cli
+
+
+def session_rate(model: Path, feed: dict, threads: int, min_time: float) -> float:
+    """Rows of `feed` per second through `model`, over at least `min_time` seconds after two warm-up calls."""
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    feed = {name: value for name, value in feed.items() if name in names}
+    rows = next(iter(feed.values())).shape[0]
+    for _ in range(2):
+        session.run(None, feed)
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < min_time or calls == 0:
+        session.run(None, feed)
+        calls += 1
+    return rows * calls / elapsed
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = command_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("model", type=Path, help="an .onnx file")
+    parser.add_argument("feed", type=Path, help="an .npz of its inputs")
+    parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
+    parser.add_argument("--min-time", type=float, default=1.0, help="seconds of calls")
+    args = parse(parser, argv)
+    for path, suffix in ((args.model, ".onnx"), (args.feed, ".npz")):
+        if not path.is_file() or path.suffix != suffix:
+            parser.error(f"expected an existing {suffix} file, got {path}")
+    import numpy as np
+
+    with np.load(args.feed, allow_pickle=False) as arrays:
+        feed = dict(arrays)
+    print(f"{session_rate(args.model, feed, args.threads, args.min_time):.3f}")
+
+
+if __name__ == "__main__":
+    run_cli(main)
