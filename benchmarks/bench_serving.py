@@ -54,8 +54,8 @@ from moe_embed.usage import parse, run_cli
 FAMILIES = ("dense", "mote", "mote-one-task", "mote-query", "moe", "comoe", "comoe-merged")
 BACKENDS = ("torch", "ort", "ort-int8", "ov", "ov-int8")
 INT8 = f"onnx/{INT8_FILE}"
-REFERENCE = "dense reference "
-REPO = Path(__file__).resolve().parent.parent  # the name prefix of the dense sessions timed in another family's rounds
+REFERENCE = "dense reference "  # the name prefix of the dense sessions timed in another family's rounds
+REPO = Path(__file__).resolve().parent.parent  # where `python -m benchmarks.session_rate` runs
 
 
 def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
@@ -80,7 +80,7 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
         quantize_checked(out, session(out / GRAPH_FILE), st, client, DEFAULT_MIN_COSINE)
         return out, graph
     options = {"mote": {}, "moe": {"arch": "moe", "expert_noise": 0.02}, "comoe": {"arch": "comoe"}}
-    source = work / family.split("-")[0]  # the mote-… and comoe-merged families start from the mote and comoe folders
+    source = work / family.split("-")[0]  # mote-query, mote-one-task, comoe-merged: the mote and comoe folders
     if not source.exists():
         upcycle(UpcycleOptions(output=source, **options[source.name]))
     task = "query" if family == "mote-query" else None
