@@ -55,6 +55,7 @@ FAMILIES = ("dense", "mote", "mote-one-task", "mote-query", "moe", "comoe", "com
 BACKENDS = ("torch", "ort", "ort-int8", "ov", "ov-int8")
 INT8 = f"onnx/{INT8_FILE}"
 REFERENCE = "dense reference "  # the name prefix of the dense sessions timed in another family's rounds
+FEED_TASKS = {"mote-one-task": ["query"]}  # the tasks a family's rows carry (default: every task, mixed)
 REPO = Path(__file__).resolve().parent.parent  # where `python -m benchmarks.session_rate` runs
 
 
@@ -94,7 +95,7 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
 def random_feed(graph, batch_size: int, seq_len: int, family: str = "") -> dict[str, np.ndarray]:
     """`benchmarks.common.batch_of` (a MoTE row starts with its task's prefix, routed in the graph; every row the
     query's for `mote-one-task`) as a client feeds it: no `task_ids`, token type ids zero."""
-    tasks = ["query"] if family == "mote-one-task" else None
+    tasks = FEED_TASKS.get(family)
     batch = {k: v.numpy() for k, v in batch_of(graph.model, batch_size, seq_len, tasks).items() if k != "task_ids"}
     return {**batch, "token_type_ids": np.zeros_like(batch["input_ids"])}
 

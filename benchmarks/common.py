@@ -55,14 +55,12 @@ def median_rates(models: dict, batch: dict, repeats: int, min_time: float) -> di
 def median_milliseconds(sessions: dict, feed: dict, repeats: int, min_time: float) -> dict[str, float]:
     """Median milliseconds per `session.run(None, feed)` of each of `sessions` (name -> onnxruntime session),
     timed in `repeats` interleaved rounds of at least `min_time` seconds each."""
+    from benchmarks.session_rate import seconds_per_call
+
     timings = {name: [] for name in sessions}
     for _ in range(repeats):
         for name, session in sessions.items():
-            calls, start = 0, time.perf_counter()
-            while (elapsed := time.perf_counter() - start) < min_time or calls == 0:
-                session.run(None, feed)
-                calls += 1
-            timings[name].append(elapsed / calls * 1e3)
+            timings[name].append(seconds_per_call(session, feed, min_time) * 1e3)
     return {name: statistics.median(values) for name, values in timings.items()}
 
 

@@ -14,6 +14,15 @@ from pathlib import Path
 from moe_embed.usage import command_parser, parse, run_cli
 
 
+def seconds_per_call(session, feed: dict, min_time: float) -> float:
+    """Seconds per `session.run(None, feed)`, calling it until `min_time` seconds pass (at least once)."""
+    calls, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < min_time or calls == 0:
+        session.run(None, feed)
+        calls += 1
+    return elapsed / calls
+
+
 def session_rate(model: Path, feed: dict, threads: int, min_time: float) -> float:
     """Rows of `feed` per second through `model`, over at least `min_time` seconds after two warm-up calls."""
     import onnxruntime
@@ -23,14 +32,9 @@ def session_rate(model: Path, feed: dict, threads: int, min_time: float) -> floa
     session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     names = {i.name for i in session.get_inputs()}
     feed = {name: value for name, value in feed.items() if name in names}
-    rows = next(iter(feed.values())).shape[0]
     for _ in range(2):
         session.run(None, feed)
-    calls, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < min_time or calls == 0:
-        session.run(None, feed)
-        calls += 1
-    return rows * calls / elapsed
+    return next(iter(feed.values())).shape[0] / seconds_per_call(session, feed, min_time)
 
 
 def main(argv: list[str] | None = None) -> None:
