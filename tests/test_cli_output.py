@@ -30,6 +30,8 @@ SCRIPTS = [
     "benchmarks.bench_compile",
     "benchmarks.bench_serving",
     "benchmarks.ort_kernels",
+    "benchmarks.expert_split",
+    "benchmarks.session_rate",
     "benchmarks.int8_graphs",
     "benchmarks.bench_train",
 ]
