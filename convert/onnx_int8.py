@@ -6,7 +6,8 @@ reduce_range, which is what sentence-transformers' `avx512_vnni` configuration c
 fall to cosine 0.938 on some rows. The file is named as sentence-transformers names that variant
 (`onnx/model_qint8_avx512_vnni.onnx`), so `backend="onnx", model_kwargs={"file_name": ...}` and fastembed's
 `model_file` find it. Activations are quantised at run time per tensor (`DynamicQuantizeLinear`): no
-calibration data.
+calibration data. The quantised graph then reads attention's keys transposed in the matmul
+(`convert/onnx_layout.py`, `transposed_operands_in_matmul`): an onnxruntime operator, in onnxruntime's file.
 
 Agreement is the cosine of each row's int8 embedding to the fp32 graph's, over `agreement_texts.txt`
 (47 English sentences written for this check: questions, reviews, news, captions, two one-word texts) and
@@ -35,8 +36,8 @@ def quantize(
     reduce_range: bool = False,
     operators: tuple[str, ...] = ("MatMul",),
 ) -> None:
-    """Dynamic int8 quantisation of `fp32` to `int8`; the defaults are the chosen setting (per-channel QInt8
-    MatMul weights), the others are what `benchmarks/int8_settings.py` compares it with."""
+    """Dynamic int8 quantisation of `fp32` to `int8`, keys read transposed by the matmul; the defaults are the chosen
+    setting (per-channel QInt8 MatMul weights), the others are what `benchmarks/int8_settings.py` compares it with."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     logging.disable(logging.INFO)  # the quantiser logs every tensor it skips at INFO on the root logger
@@ -52,6 +53,13 @@ def quantize(
         )
     finally:
         logging.disable(logging.NOTSET)
+    import onnx
+
+    from convert.onnx_layout import transposed_operands_in_matmul
+
+    model = onnx.load(str(int8))
+    if transposed_operands_in_matmul(model):
+        onnx.save(model, str(int8))
 
 
 def router_nodes(path: Path) -> list[str]:

@@ -1,14 +1,18 @@
 """The shape of the exported graph, chosen so that runtimes run it on their fastest kernels, int8 included.
 
-Measured on the dense all-MiniLM-L6-v2 (`docs/benchmarks.md`, "Why the int8 graph was slow"), two parts of
-the graph the dynamo exporter writes cost onnxruntime 20-45% in int8, and neither is a matter of the CPU:
+Measured on the dense all-MiniLM-L6-v2 (`docs/benchmarks.md`, "Why the int8 graph was slow"), parts of the
+graph the dynamo exporter writes cost onnxruntime 20-45% in int8, and none is a matter of the CPU:
 
 - **Attention.** `scaled_dot_product_attention` is written as ONNX ops with a guard for rows whose every key is
   masked (`IsNaN` and `Where` over the `(batch, heads, seq, seq)` probabilities) and the scale applied to both
   the queries and the transposed keys, which is then materialised. The model's own eager attention
   (`matmul(q, kᵀ) · scale + additive mask`, softmax, `matmul(·, v)`) needs none of that: onnxruntime folds the
-  transpose and the scale into one `FusedMatMul`, and an encoder row always keeps its `[CLS]` token, so no row
+  scale into one `FusedMatMul`, and an encoder row always keeps its `[CLS]` token, so no row
   is fully masked. `eager_attention` switches the model to it for the trace only.
+- **The keys' transpose.** The exporter writes `(batch, seq, heads, dim)` to `(batch, heads, dim, seq)` as one
+  `Transpose` that moves the innermost axis, a strided copy of every key that onnxruntime cannot fold into the
+  matmul. `transposed_operands_in_matmul` (int8 file only: it writes onnxruntime's `FusedMatMul`) keeps the
+  innermost axis in place and lets the matmul read the keys transposed.
 - **Residual + LayerNorm.** onnxruntime fuses every `Add` of two rank-3 tensors followed by
   `LayerNormalization` into its `SkipLayerNormalization` kernel, which runs 4-6x slower than the `Add` and
   `LayerNormalization` it replaces on this CPU (onnxruntime 1.32; `benchmarks/ort_kernels.py`). The fusion
@@ -31,6 +35,8 @@ import contextlib
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+
+MICROSOFT = "com.microsoft"  # onnxruntime's own operators
 
 
 @contextlib.contextmanager
@@ -187,6 +193,48 @@ def replace_nodes(model: onnx.ModelProto, nodes: list) -> None:
     model.graph.initializer.extend(kept)
 
 
+def transposed_operands_in_matmul(model: onnx.ModelProto) -> int:
+    """Where a `Transpose` moves its input's innermost axis and feeds only `MatMul`s as their second input (the
+    keys of attention, `(batch, seq, heads, dim)` to `(batch, heads, dim, seq)`), write (in place) the transpose
+    without that move and the `MatMul`s as onnxruntime's `FusedMatMul` with `transB`, whose GEMM reads the
+    operand transposed at no cost. Returns how many transposes were rewritten. onnxruntime-only (`com.microsoft`):
+    for the int8 file, which only onnxruntime runs fast (`convert/onnx_int8.py`)."""
+    readers: dict[str, list] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    read_transposed, nodes, outputs, rewritten = {}, [], {o.name for o in model.graph.output}, 0
+    for node in model.graph.node:
+        perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), None)
+        users = readers.get(node.output[0], []) if node.op_type == "Transpose" else []
+        # the innermost axis moved to second-to-last (one swap undoes it), read only as a MatMul's second operand
+        moved = perm is not None and len(perm) >= 2 and perm[-2] == len(perm) - 1
+        operand = users and all(second_operand_of_matmul(u, node.output[0]) for u in users)
+        if moved and operand and node.output[0] not in outputs:
+            rows_kept = perm[:-2] + [perm[-1], perm[-2]]  # the same transpose, but the innermost axis stays
+            name = node.input[0]
+            if rows_kept != sorted(rows_kept):  # else the swap was the whole transpose: none is left
+                name = f"{node.name or node.output[0]}_rows"
+                nodes.append(helper.make_node("Transpose", [node.input[0]], [name], name=name, perm=rows_kept))
+            read_transposed.update({id(user): name for user in users})
+            rewritten += 1
+        elif id(node) in read_transposed:
+            inputs, fused = [node.input[0], read_transposed[id(node)]], {"transB": 1, "alpha": 1.0}
+            nodes.append(helper.make_node("FusedMatMul", inputs, node.output, node.name, domain=MICROSOFT, **fused))
+        else:
+            nodes.append(node)
+    if rewritten and not any(o.domain == MICROSOFT for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MICROSOFT, 1))
+    replace_nodes(model, nodes)
+    return rewritten
+
+
+def second_operand_of_matmul(node, name: str) -> bool:
+    """Whether `node` is a standard `MatMul` that reads `name` as its second input only."""
+    plain = node.op_type == "MatMul" and node.domain in ("", "ai.onnx")
+    return plain and node.input[1] == name and node.input[0] != name
+
+
 def fastest_layout(model: onnx.ModelProto) -> onnx.ModelProto:
     """Every rewrite above, in place, on a traced graph; returns `model`."""
     fold_weight_views(model)
@@ -195,4 +243,11 @@ def fastest_layout(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-__all__ = ["eager_attention", "flatten_layer_norms", "fold_weight_views", "gemm_as_matmul", "fastest_layout"]
+__all__ = [
+    "eager_attention",
+    "flatten_layer_norms",
+    "fold_weight_views",
+    "gemm_as_matmul",
+    "fastest_layout",
+    "transposed_operands_in_matmul",
+]

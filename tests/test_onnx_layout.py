@@ -11,16 +11,31 @@ import onnxruntime
 import pytest
 from conftest import TEXTS, client_feed
 
-from convert.onnx_layout import eager_attention, flatten_layer_norms
+from convert.onnx_layout import eager_attention, flatten_layer_norms, transposed_operands_in_matmul
 
 
-def optimized_ops(path: Path, tmp_path: Path) -> Counter:
-    """The op types of `path` after onnxruntime's default (all) graph optimisations, as a client's session
-    runs it."""
+def optimized(path: Path, tmp_path: Path) -> onnx.ModelProto:
+    """`path` after onnxruntime's default (all) graph optimisations, as a client's session runs it."""
     options = onnxruntime.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / f"{path.stem}.optimized.onnx")
     onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
+    return onnx.load(options.optimized_model_filepath)
+
+
+def optimized_ops(path: Path, tmp_path: Path) -> Counter:
+    """The op types of `path` after onnxruntime's graph optimisations."""
+    return Counter(node.op_type for node in optimized(path, tmp_path).graph.node)
+
+
+def innermost_axis_moves(model: onnx.ModelProto) -> list[list[int]]:
+    """The perms of `model`'s 4-D transposes (attention's heads) that move the innermost axis: a strided copy of
+    every element. (The token MoE's routing transposes small 2-D index tables.)"""
+    perms = [
+        next(list(a.ints) for a in n.attribute if a.name == "perm")
+        for n in model.graph.node
+        if n.op_type == "Transpose"
+    ]
+    return [perm for perm in perms if len(perm) == 4 and perm[-1] != len(perm) - 1]
 
 
 def weight_matmuls(path: Path) -> int:
@@ -38,6 +53,10 @@ def test_exported_graphs_avoid_the_slow_kernels(family, mote_onnx, moe_onnx, com
         assert ops["SkipLayerNormalization"] == 0, (file, ops)
         assert ops["IsNaN"] == 0, (file, ops)  # sdpa's guard for fully masked rows: eager attention has none
         assert ops["LayerNormalization"] >= 13, (file, ops)  # the embeddings' and two per layer of six
+    # attention's keys, (batch, seq, heads, dim) to (batch, heads, dim, seq), are read transposed by the int8
+    # graph's FusedMatMul (`transposed_operands_in_matmul`): no transpose of every element moves the innermost axis
+    assert innermost_axis_moves(optimized(folder / "onnx/model_qint8_avx512_vnni.onnx", tmp_path)) == []
+    assert len(innermost_axis_moves(optimized(folder / "onnx/model.onnx", tmp_path))) == 6  # standard ONNX: one a layer
     fp32 = weight_matmuls(folder / "onnx/model.onnx")
     # six per layer (query, key, value, attention output, the feed-forward pair), and in each of the three expert
     # layers one feed-forward pair per expert (MoTE: 4 tasks, MoE: 8 experts)
@@ -146,3 +165,48 @@ def test_routed_graph_embeds_texts_of_several_lengths_as_fp32(mote_onnx):
     batch = session.run(["sentence_embedding"], client_feed(mote_onnx, texts))[0]
     rows = np.concatenate([session.run(["sentence_embedding"], client_feed(mote_onnx, [t]))[0] for t in texts])
     np.testing.assert_allclose(batch, rows, atol=1e-5)
+
+
+def test_transposed_operands_are_read_by_the_matmul(tmp_path):
+    """Attention's scores as the exporter writes them (keys transposed to (batch, heads, dim, seq), innermost axis
+    moved) and a plain swap of the last two axes: rewritten, same outputs, no innermost move left after
+    onnxruntime's optimisations; a transpose that something else reads too is left as it is."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    batch, seq, heads, dim = 3, 5, 2, 4
+    keys = [batch, seq, heads, dim]
+    names = {"q": [batch, heads, seq, dim], "k": keys, "m": [batch, heads, seq, dim], "v": keys}
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in names.items()]
+    nodes = [
+        helper.make_node("Transpose", ["k"], ["kt"], name="keys", perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["q", "kt"], ["scores"]),
+        helper.make_node("Transpose", ["m"], ["mt"], name="swap", perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "mt"], ["other"]),
+        helper.make_node("Transpose", ["v"], ["kt2"], name="shared", perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["q", "kt2"], ["third"]),
+        helper.make_node("Identity", ["kt2"], ["kept"]),
+    ]
+    scores = [batch, heads, seq, seq]
+    shapes = {"scores": scores, "other": scores, "third": scores, "kept": [batch, heads, dim, seq]}
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in shapes.items()]
+    model = helper.make_model(
+        helper.make_graph(nodes, "scores", inputs, outputs), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    original = tmp_path / "original.onnx"
+    onnx.save(model, str(original))
+    assert transposed_operands_in_matmul(model) == 2
+    onnx.checker.check_model(model)
+    assert [n.op_type for n in model.graph.node].count("FusedMatMul") == 2
+    assert [n.name for n in model.graph.node if n.op_type == "Transpose"] == ["keys_rows", "shared"]
+    rewritten = tmp_path / "rewritten.onnx"
+    onnx.save(model, str(rewritten))
+    assert innermost_axis_moves(optimized(original, tmp_path)) == [[0, 2, 3, 1]] * 2
+    assert innermost_axis_moves(optimized(rewritten, tmp_path)) == [[0, 2, 3, 1]]  # the one `Identity` reads too
+    feed = {n: rng.normal(size=shape).astype(np.float32) for n, shape in names.items()}
+    expected, got = (
+        onnxruntime.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feed)
+        for p in (original, rewritten)
+    )
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
