@@ -12,7 +12,9 @@ is quantised by the exporter's setting (`convert/onnx_int8.quantize`: per-channe
 - `dynamo, eager attention`: the same traced through the eager attention;
 - `package`: what `moe-embed export` writes (eager attention, LayerNorms on flattened rows, one weight per
   expert: `convert/onnx_graph.export_graph`);
-- `torchscript`: `torch.onnx.export(dynamo=False)` (deprecated by PyTorch), where this torch still has it.
+- `torchscript`: `torch.onnx.export(dynamo=False)` (deprecated by PyTorch), where this torch still has it;
+- `package, keys copied`: the package's graph quantised alike but without `transposed_operands_in_matmul`, so
+  each layer's keys are copied by a transpose that moves their innermost axis (the int8 file before run 11).
 
 Each int8 graph runs in onnxruntime (default session options, as a client creates them) beside the
 PyTorch module (fp32, sdpa) on random token ids, interleaved rounds; cells give seq/s and the ratio to
@@ -93,9 +95,11 @@ def main(argv: list[str] | None = None) -> None:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         sessions = {}
-        for name, fp32 in files.items():
-            int8 = fp32.with_suffix(".int8.onnx")
-            quantize(fp32, int8)
+        quantized = {name: (fp32, True) for name, fp32 in files.items()}
+        quantized["package, keys copied"] = (files["package"], False)
+        for index, (name, (fp32, keys_read_transposed)) in enumerate(quantized.items()):
+            int8 = Path(tmp) / f"{index}.int8.onnx"
+            quantize(fp32, int8, keys_read_transposed=keys_read_transposed)
             sessions[name] = onnxruntime.InferenceSession(str(int8), options, providers=["CPUExecutionProvider"])
         print(
             f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}, {threads} threads; {cpu_description()}"

@@ -35,9 +35,11 @@ def quantize(
     per_channel: bool = True,
     reduce_range: bool = False,
     operators: tuple[str, ...] = ("MatMul",),
+    keys_read_transposed: bool = True,
 ) -> None:
-    """Dynamic int8 quantisation of `fp32` to `int8`, keys read transposed by the matmul; the defaults are the chosen
-    setting (per-channel QInt8 MatMul weights), the others are what `benchmarks/int8_settings.py` compares it with."""
+    """Dynamic int8 quantisation of `fp32` to `int8`; the defaults are the chosen setting (per-channel QInt8
+    MatMul weights, attention's keys read transposed by the matmul), the others are what
+    `benchmarks/int8_settings.py` and `benchmarks/int8_graphs.py` compare it with."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     logging.disable(logging.INFO)  # the quantiser logs every tensor it skips at INFO on the root logger
@@ -58,7 +60,7 @@ def quantize(
     from convert.onnx_layout import transposed_operands_in_matmul
 
     model = onnx.load(str(int8))
-    if transposed_operands_in_matmul(model):
+    if keys_read_transposed and transposed_operands_in_matmul(model):
         onnx.save(model, str(int8))
 
 

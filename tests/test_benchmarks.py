@@ -163,7 +163,7 @@ def test_int8_graphs_benchmark_runs(capsys):
     quick = ["--batch-sizes", "2", "--seq-lens", "8", "--repeats", "1", "--min-time", "0.01"]
     out = run_repo_script("benchmarks/int8_graphs.py", *quick, capsys=capsys)
     header = next(line for line in out.splitlines() if line.startswith("| batch"))
-    assert "| package int8 |" in header and "| dynamo int8 |" in header
+    assert "| package int8 |" in header and "| dynamo int8 |" in header and "| package, keys copied int8 |" in header
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| 2 | 8 |")]
     assert len(rows) == 1
     for cell in rows[0][3:]:  # every graph shape embeds as PyTorch does, up to int8's rounding
