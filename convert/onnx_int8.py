@@ -55,13 +55,14 @@ def quantize(
         )
     finally:
         logging.disable(logging.NOTSET)
-    import onnx
+    if keys_read_transposed:  # onnxruntime's quantiser writes only to a path: read it back once to rewrite
+        import onnx
 
-    from convert.onnx_layout import transposed_operands_in_matmul
+        from convert.onnx_layout import transposed_operands_in_matmul
 
-    model = onnx.load(str(int8))
-    if keys_read_transposed and transposed_operands_in_matmul(model):
-        onnx.save(model, str(int8))
+        model = onnx.load(str(int8))
+        if transposed_operands_in_matmul(model):
+            onnx.save(model, str(int8))
 
 
 def router_nodes(path: Path) -> list[str]:
