@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__)
 JOB_FILE = "embed_job.json"
 BAD_ROWS_FILE = "bad_rows.jsonl"
 RETRIES = 3
+ACTORS_START_S = 900  # how long a job waits for every actor to hold the model before it hands out shards
 # Fault injection for the recovery tests: "exit:PATH" or "raise:PATH" makes the first shard that finds no file
 # at PATH create it and then die (the process exits) or raise, after embedding and before writing.
 FAULT_VARIABLE = "MOE_EMBED_FAULT"
@@ -257,6 +258,9 @@ def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Pat
     try:
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # this command draws its own, in rows
+        # Hand out shards once every actor holds the model: otherwise the first actor up takes the shards the
+        # others would get while they load, and a small job runs on one node of many.
+        context.wait_for_min_actors_s = ACTORS_START_S
         actors, cpus, gpus = resources(options)
         logger.info("%d actors of %g CPUs and %g GPUs each, %d shards", actors, cpus, gpus, len(todo))
         threads = int(cpus) if cpus >= 1 and not gpus else None
