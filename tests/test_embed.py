@@ -240,13 +240,16 @@ finally:
 
 
 @pytest.mark.slow
-def test_address_runs_the_job_on_a_cluster_of_two_nodes(dense_path, tmp_path):
+def test_address_runs_the_job_on_a_cluster_of_two_nodes(dense_path, tmp_path, monkeypatch):
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS * 2, ids=[f"d{i}" for i in range(2 * len(TEXTS))])
     output = tmp_path / "out"
     args = [dense_path, str(corpus), "--output", str(output), "--rows-per-shard", "2", "--batch-size", "2"]
+    # one actor starts SLOW_START_S late, as on a busy node: the other must not take every shard meanwhile
+    monkeypatch.setenv(FAULT_VARIABLE, f"slow-start:{tmp_path / 'slow-start-happened'}")
     done = subprocess.run(
         [sys.executable, "-c", CLUSTER_JOB, *args], capture_output=True, text=True, cwd=REPO, timeout=900
     )
+    assert (tmp_path / "slow-start-happened").exists()
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, result["err"]

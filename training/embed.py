@@ -45,8 +45,11 @@ BAD_ROWS_FILE = "bad_rows.jsonl"
 RETRIES = 3
 ACTORS_START_S = 900  # how long a job waits for every actor to hold the model before it hands out shards
 # Fault injection for the recovery tests: "exit:PATH" or "raise:PATH" makes the first shard that finds no file
-# at PATH create it and then die (the process exits) or raise, after embedding and before writing.
+# at PATH create it and then die (the process exits) or raise, after embedding and before writing;
+# "slow-start:PATH" makes the first actor that finds no file at PATH create it and wait `SLOW_START_S` before it
+# loads the model (an actor on a busy node).
 FAULT_VARIABLE = "MOE_EMBED_FAULT"
+SLOW_START_S = 15
 
 
 @dataclass
@@ -109,14 +112,20 @@ def shard_name(index: int, suffix: str) -> str:
     return f"part-{index:06d}{suffix}"
 
 
-def _inject_fault() -> None:
+def _inject_fault(stage: str = "shard") -> None:
+    """The fault `FAULT_VARIABLE` names, if it belongs to `stage` ("start": an actor's start, "shard")."""
     spec = os.environ.get(FAULT_VARIABLE)
     if not spec:
         return
     how, _, marker = spec.partition(":")
+    if (how == "slow-start") != (stage == "start"):
+        return
     try:
         Path(marker).touch(exist_ok=False)
     except FileExistsError:
+        return
+    if how == "slow-start":
+        time.sleep(SLOW_START_S)
         return
     if how == "exit":
         os._exit(1)
@@ -202,6 +211,7 @@ class ShardWorker:
 
         from training.embedders import Embedder
 
+        _inject_fault("start")
         self.options, self.output = EmbedOptions(**options), Path(output)
         self.node = ray.get_runtime_context().get_node_id()
         self.embedder = Embedder(
