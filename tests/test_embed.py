@@ -126,6 +126,19 @@ def test_parquet_and_a_folder_of_files_are_read_whole_across_shards(dense_path, 
         assert len(seconds) == report.shards and all(0 < s <= report.seconds for s in seconds)
 
 
+def test_job_leaves_the_callers_ray_data_settings_alone(dense_path, tmp_path):
+    """The job's own settings (no Ray Data progress bars, wait for every actor) go on its dataset, not on the
+    process-wide `DataContext` of a caller that runs Ray Data itself."""
+    import ray
+
+    context = ray.data.DataContext.get_current()
+    before = (context.enable_progress_bars, context.wait_for_min_actors_s)
+    report = embed(dense_path, write_corpus(tmp_path / "corpus.jsonl", TEXTS), tmp_path / "out")
+    assert report.embedded == len(TEXTS)
+    context = ray.data.DataContext.get_current()
+    assert (context.enable_progress_bars, context.wait_for_min_actors_s) == before
+
+
 def test_stopped_job_resumes_to_the_one_process_result(trained_mote, tmp_path):
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
     output = tmp_path / "out"

@@ -266,11 +266,6 @@ def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Pat
         ray.init(address=options.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # its plan and timing notes; errors still show
     try:
-        context = ray.data.DataContext.get_current()
-        context.enable_progress_bars = False  # this command draws its own, in rows
-        # Hand out shards once every actor holds the model: otherwise the first actor up takes the shards the
-        # others would get while they load, and a small job runs on one node of many.
-        context.wait_for_min_actors_s = ACTORS_START_S
         actors, cpus, gpus = resources(options)
         logger.info("%d actors of %g CPUs and %g GPUs each, %d shards", actors, cpus, gpus, len(todo))
         threads = int(cpus) if cpus >= 1 and not gpus else None
@@ -290,6 +285,11 @@ def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Pat
             num_gpus=gpus,
             runtime_env=fault_injection(),
         )
+        context = done.context  # this job's own settings, not those of the caller's Ray Data
+        context.enable_progress_bars = False  # this command draws its own, in rows
+        # Hand out shards once every actor holds the model: otherwise the first actor up takes the shards the
+        # others would get while they load, and a small job runs on one node of many.
+        context.wait_for_min_actors_s = ACTORS_START_S
         for row in done.iter_rows():
             bar.update(int(row["rows"]))
     finally:
