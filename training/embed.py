@@ -49,6 +49,7 @@ ACTORS_START_S = 900  # how long a job waits for every actor to hold the model b
 # "slow-start:PATH" makes the first actor that finds no file at PATH create it and wait `SLOW_START_S` before it
 # loads the model (an actor on a busy node).
 FAULT_VARIABLE = "MOE_EMBED_FAULT"
+FAULT_STAGES = {"exit": "shard", "raise": "shard", "slow-start": "start"}  # where each fault strikes
 SLOW_START_S = 15
 
 
@@ -113,12 +114,12 @@ def shard_name(index: int, suffix: str) -> str:
 
 
 def _inject_fault(stage: str = "shard") -> None:
-    """The fault `FAULT_VARIABLE` names, if it belongs to `stage` ("start": an actor's start, "shard")."""
+    """The fault `FAULT_VARIABLE` names, if it strikes at `stage` (`FAULT_STAGES`: an actor's start, a shard)."""
     spec = os.environ.get(FAULT_VARIABLE)
     if not spec:
         return
     how, _, marker = spec.partition(":")
-    if (how == "slow-start") != (stage == "start"):
+    if FAULT_STAGES.get(how) != stage:
         return
     try:
         Path(marker).touch(exist_ok=False)
