@@ -70,36 +70,37 @@ class PromptInputs(nn.Module):
         found = detect_task_ids(input_ids, self.config)  # the prefix the row starts with, -1: none
         candidates = (found,) if task_ids is None else (task_ids, found)
         chosen = route_rows(*candidates, default=self.config.default_task_index)
-        valid = (chosen >= 0) & (chosen < self.prefix_lengths.shape[0])
-        safe = torch.where(valid, chosen, torch.zeros_like(chosen))
-        found_length = torch.where(found >= 0, self.prefix_lengths[found.clamp(min=0)], torch.zeros_like(found))
+        tasks = self.prefix_lengths.shape[0]
+        valid = (chosen >= 0) & (chosen < tasks)
+        safe = chosen.clamp(0, tasks - 1)  # an index for the tables (an invalid row gains no prefix)
+        # a column reads itself up to the row's inserted ids (the leading specials and the inserted prefix), and
+        # the column `skip` further on after them: past the unused slot and any removed prefix
         if self.strip:  # the prefix only routes: take it off
-            inserted, removed = torch.zeros_like(found_length), found_length
+            removed = torch.where(found >= 0, self.prefix_lengths[found.clamp(min=0)], 0)
+            inserted, skip = 0, self.longest + removed.unsqueeze(1)
         else:  # the encoder reads the prefix: put the chosen task's in front of a row that has none
-            inserted = torch.where((found < 0) & valid, self.prefix_lengths[safe], torch.zeros_like(found_length))
-            removed = torch.zeros_like(found_length)
+            inserted = torch.where((found < 0) & valid, self.prefix_lengths[safe], 0).unsqueeze(1)
+            skip = self.longest - inserted
         # one gather over [leading specials | a slot of `longest` prefix ids | the rest of the row]
         block = self.prefix_table[safe]  # (batch, longest)
-        ones = torch.ones_like(block)
         ids = torch.cat([input_ids[:, : self.lead], block, input_ids[:, self.lead :]], dim=1)
+        ones = torch.ones_like(block)
         mask = torch.cat([attention_mask[:, : self.lead], ones, attention_mask[:, self.lead :]], dim=1)
         width = ids.shape[1]
         position = torch.arange(width, device=ids.device).unsqueeze(0)
-        after = position - self.lead  # position within the row after its leading specials
-        skip = (self.longest - inserted + removed).unsqueeze(1)
-        source = torch.where(after < 0, position, torch.where(after < inserted.unsqueeze(1), position, position + skip))
+        source = position + skip * (position - self.lead >= inserted)
         inside = source < width
         source = source.clamp(max=width - 1)
-        mask = torch.gather(mask, 1, source) * inside.to(mask.dtype)
-        ids = torch.where(mask.bool(), torch.gather(ids, 1, source), torch.full_like(ids, self.pad_token_id))
+        mask = torch.gather(mask, 1, source) * inside
+        ids = torch.where(mask.bool(), torch.gather(ids, 1, source), self.pad_token_id)
         length = mask.sum(dim=1, keepdim=True)
         # as wide as the longest row after its prompt is handled (not the input plus the prompt slot, which only
         # a row that gains a prompt uses), and at most `max_length`
         width = keep_width(length, self.max_length, ids.shape[1])
         ids, mask = ids[:, :width], mask[:, :width]
         cut = (position[:, : ids.shape[1]] == self.max_length - 1) & (length > self.max_length)
-        ids = torch.where(cut, torch.full_like(ids, self.sep_token_id), ids)
-        task = torch.where(valid, chosen, torch.full_like(chosen, -1))
+        ids = torch.where(cut, self.sep_token_id, ids)
+        task = chosen.masked_fill(~valid, -1)
         return ids, mask, task
 
 

@@ -42,7 +42,8 @@ class SentenceEmbeddingGraph(nn.Module):
             if self.task:  # a one-task graph: every row is that task's, whatever prompt it starts with
                 task_ids = torch.full_like(input_ids[:, 0], self.task_index)
             input_ids, attention_mask, task_ids = self.prompts(input_ids, attention_mask, task_ids)
-            kwargs = {"task": self.task} if self.task else {"task_ids": task_ids}
+            # the prompts are read: a row without a task has none (NaN outputs), not one the model would look for
+            kwargs = {"task": self.task} if self.task else {"task_ids": task_ids, "route_by_prefix": False}
             if token_type_ids is not None:  # one segment: the first column's type, over the new length
                 token_type_ids = token_type_ids[:, :1].expand_as(input_ids)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **kwargs)

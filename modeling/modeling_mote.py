@@ -112,20 +112,24 @@ def detect_task_ids(input_ids: torch.Tensor, config: MoteBertConfig) -> torch.Lo
     """Task of each row from the instruction prefix its tokens start with; -1 where none matches.
 
     Prefixes are compared as token ids (`config.task_prefix_ids`, leading special tokens included);
-    the longest matching prefix wins.
+    the longest matching prefix wins. Every prefix at once: a traced graph holds a few ops, not a few per task.
     """
-    task_ids = torch.full(input_ids.shape[:1], -1, dtype=torch.long, device=input_ids.device)
     prefixes = sorted(((t, ids) for t, ids in (config.task_prefix_ids or {}).items() if ids), key=lambda x: -len(x[1]))
     if not prefixes:
-        return task_ids
-    # Padded with -1 (no token id) to the longest prefix, so that a sequence shorter than a prefix simply
-    # does not match it, with no branch on the sequence length (graph-safe).
-    padded = nn.functional.pad(input_ids, (0, len(prefixes[0][1])), value=-1)
-    for task, ids in prefixes:
-        prefix = torch.tensor(ids, dtype=input_ids.dtype, device=input_ids.device)
-        match = (padded[:, : len(ids)] == prefix).all(dim=1) & (task_ids < 0)
-        task_ids = task_ids.masked_fill(match, config.tasks.index(task))
-    return task_ids
+        return torch.full(input_ids.shape[:1], -1, dtype=torch.long, device=input_ids.device)
+    longest = len(prefixes[0][1])
+    # Each prefix padded with -2 (no token id) and each row with -1, so that a row shorter than a prefix simply
+    # does not match it, with no branch on the sequence length (graph-safe); a row matches a prefix whose every
+    # id it repeats.
+    table = torch.full((len(prefixes), longest), -2, dtype=input_ids.dtype, device=input_ids.device)
+    for index, (_, ids) in enumerate(prefixes):
+        table[index, : len(ids)] = torch.tensor(ids, dtype=input_ids.dtype)
+    lengths = torch.tensor([len(ids) for _, ids in prefixes], device=input_ids.device)
+    head = nn.functional.pad(input_ids, (0, longest), value=-1)[:, :longest]
+    matches = (head.unsqueeze(1) == table).sum(dim=2) == lengths  # (rows, prefixes), longest first
+    first = matches.to(torch.int32).argmax(dim=1)  # the first (longest) match, 0 where none
+    tasks = torch.tensor([config.tasks.index(task) for task, _ in prefixes], device=input_ids.device)
+    return torch.where(matches.any(dim=1), tasks[first], torch.full_like(first, -1, dtype=torch.long))
 
 
 def route_rows(*candidates: torch.Tensor, default: int = -1) -> torch.LongTensor:
@@ -184,16 +188,19 @@ def resolve_task_ids(
     return ids
 
 
-def graph_task_ids(config: MoteBertConfig, input_ids: torch.Tensor, task_ids=None) -> torch.LongTensor:
+def graph_task_ids(
+    config: MoteBertConfig, input_ids: torch.Tensor, task_ids=None, by_prefix: bool = True
+) -> torch.LongTensor:
     """Expert index per row by tensor ops only: a `task_ids` entry >= 0 wins, a row with -1 (or no
-    `task_ids`) is routed by its prefix, then `config.default_task`; -1 where none of these resolve it.
-    The part of `resolve_task_ids` a traced graph can run: it cannot raise, so the forward pass gives the
-    rows left unrouted (or with an id out of range) NaN outputs there."""
-    found = detect_task_ids(input_ids, config)
-    if task_ids is None:
-        return route_rows(found, default=config.default_task_index)
-    given = torch.as_tensor(task_ids, dtype=torch.long, device=found.device).reshape(-1).expand_as(found)
-    return route_rows(given, found, default=config.default_task_index)
+    `task_ids`) is routed by its prefix (unless `by_prefix` is False), then `config.default_task`; -1 where none
+    of these resolve it. The part of `resolve_task_ids` a traced graph can run: it cannot raise, so the forward
+    pass gives the rows left unrouted (or with an id out of range) NaN outputs there."""
+    given = ()
+    if task_ids is not None:
+        given = (torch.as_tensor(task_ids, device=input_ids.device).long().reshape(-1).expand(input_ids.shape[0]),)
+    found = (detect_task_ids(input_ids, config),) if by_prefix else ()
+    candidates = given + found or (torch.full_like(input_ids[:, 0], -1),)
+    return route_rows(*candidates, default=config.default_task_index)
 
 
 class MoteBertPreTrainedModel(EncoderPreTrainedModel):
@@ -277,6 +284,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         task: str | list[str] | None = None,
         task_ids: torch.LongTensor | list[int] | int | None = None,
+        route_by_prefix: bool = True,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
@@ -286,6 +294,8 @@ class MoteBertModel(MoteBertPreTrainedModel):
             `config.tasks` or `config.task_aliases`.
         task_ids (`torch.LongTensor` of shape `(batch_size,)` or `int`, *optional*): Expert index per
             row (into `config.tasks`); -1 routes that row by its prefix. Used when `task` is not given.
+        route_by_prefix (`bool`, *optional*, defaults to `True`): `False` reads no row's prefix: a row without a
+            task is the default task's (the ONNX graph's input step has read the prompts already).
         return_dict (`bool`, *optional*): `False` returns a tuple instead of a `MoteModelOutput`.
 
         Without either, each row's task is read from the instruction prefix its `input_ids` start
@@ -304,9 +314,10 @@ class MoteBertModel(MoteBertPreTrainedModel):
             ids = torch.full((batch_size,), index, dtype=torch.long, device=reference.device)
             routing = MoteRouting(((index, 0, batch_size),))
         elif is_exporting() and task is None and input_ids is not None:
-            routing, order, ids, unrouted = self._graph_routing(input_ids, task_ids)
+            routing, order, ids, unrouted = self._graph_routing(input_ids, task_ids, route_by_prefix)
         else:
-            ids = resolve_task_ids(self.config, batch_size, reference.device, task, task_ids, input_ids)
+            prefixed = input_ids if route_by_prefix else None
+            ids = resolve_task_ids(self.config, batch_size, reference.device, task, task_ids, prefixed)
             routing, order = self._sorted_routing(ids, batch_size)
         if order is not None:
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = (
@@ -338,8 +349,10 @@ class MoteBertModel(MoteBertPreTrainedModel):
             hidden = tuple(h[inverse] for h in hidden) if hidden is not None else None
             attentions = tuple(a[inverse] for a in attentions) if attentions is not None else None
         if unrouted is not None:  # graph outputs of rows with no task: NaN, the only error a graph can give
-            last = last.masked_fill(unrouted.view(-1, 1, 1), float("nan"))
-            pooled = pooled.masked_fill(unrouted.view(-1, 1), float("nan")) if pooled is not None else None
+            # a product with 1 or NaN per row: one broadcast `Mul`, cheaper than a `Where` over every token
+            poison = torch.ones_like(unrouted, dtype=last.dtype).masked_fill(unrouted, float("nan"))
+            last = last * poison.view(-1, 1, 1)
+            pooled = pooled * poison.view(-1, 1) if pooled is not None else None
         output = MoteModelOutput(
             last_hidden_state=last, pooler_output=pooled, hidden_states=hidden, attentions=attentions, task_ids=ids
         )
@@ -358,11 +371,11 @@ class MoteBertModel(MoteBertPreTrainedModel):
                 start += count
         return MoteRouting(tuple(segments)), order
 
-    def _graph_routing(self, input_ids: torch.Tensor, task_ids=None):
+    def _graph_routing(self, input_ids: torch.Tensor, task_ids=None, by_prefix: bool = True):
         """`(routing, order, ids, unrouted)` by tensor ops only, for a traced graph: each row's expert
         (`graph_task_ids`), the rows sorted by it as the eager path sorts them, and the rows with no loaded
         expert, which run through the first expert and come out NaN."""
-        ids = graph_task_ids(self.config, input_ids, task_ids)
+        ids = graph_task_ids(self.config, input_ids, task_ids, by_prefix)
         indices = active_expert_indices(self.config)
         unrouted = ~(ids.unsqueeze(1) == torch.tensor(indices, device=ids.device)).any(1)
         experts = ids.masked_fill(unrouted, indices[0])

@@ -73,3 +73,29 @@ def test_a_mixed_batch_and_explicit_task_ids(folder):
     expected.append(model.encode([TEXTS[1]], convert_to_tensor=True)[0])
     assert task.tolist() == [config.tasks.index(n) for n in names] + [config.tasks.index(config.default_task)]
     assert (got - torch.stack(expected)).abs().max() <= 1e-5
+
+
+def test_the_graph_reads_every_prefix_in_the_same_ops():
+    """Prefix detection in a traced graph is a few ops whatever the number of tasks: per task, onnxruntime would
+    run its own compare, reduce and select on every request."""
+    from conftest import tiny_mote_config
+
+    from modeling.modeling_mote import detect_task_ids
+
+    class Detect(torch.nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+
+        def forward(self, input_ids):
+            return detect_task_ids(input_ids, self.config)
+
+    def node_count(tasks):
+        prefixes = {task: [101, 2000 + index, 1024] for index, task in enumerate(tasks)}
+        config = tiny_mote_config(tasks=tasks, task_prefix_ids=prefixes, task_prefixes=None, default_task=None)
+        ids = torch.tensor([[101, 2001, 1024, 7], [101, 5, 6, 7]])
+        batch = torch.export.Dim("batch", min=1, max=1024)
+        program = torch.onnx.export(Detect(config), (ids,), dynamo=True, dynamic_shapes=({0: batch},), verbose=False)
+        return len(program.model_proto.graph.node)
+
+    assert node_count(["a", "b"]) == node_count(["a", "b", "c", "d", "e", "f"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import TEXTS, randomize_experts, tiny_mote_config
 
-from modeling.modeling_mote import MoteBertModel
+from modeling.modeling_mote import MoteBertModel, detect_task_ids
 
 TASKS = ["query", "document", "classification", "clustering"]
 
@@ -120,6 +120,11 @@ def test_default_task_and_unknown_task_errors(tokenizer):
         strict(**batch, task_ids=torch.tensor([0, 7]))
     lenient = MoteBertModel(tiny_mote_config(default_task="clustering")).eval()
     assert lenient(**batch).task_ids.tolist() == [3, 0]
+    # reading no prefix: the second row's prompt routes nothing, a row without a task id is the default's
+    assert lenient(**batch, route_by_prefix=False).task_ids.tolist() == [3, 3]
+    assert lenient(**batch, task_ids=torch.tensor([-1, 1]), route_by_prefix=False).task_ids.tolist() == [3, 1]
+    with pytest.raises(ValueError, match="Cannot tell the task of 2 of 2 rows"):
+        strict(**batch, route_by_prefix=False)
 
 
 def test_config_validation_errors():
@@ -225,3 +230,21 @@ def test_return_dict_false_gives_a_tuple():
         as_tuple = model(input_ids=ids, task="query", return_dict=False)
         as_output = model(input_ids=ids, task="query")
     assert isinstance(as_tuple, tuple) and torch.equal(as_tuple[0], as_output.last_hidden_state)
+
+
+def test_a_row_takes_the_longest_prefix_it_starts_with():
+    # nested prefixes (one task's is the start of another's), rows shorter than a prefix, a row with none
+    prefix_ids = {"query": [101, 7, 8], "document": [101, 7, 8, 9], "classification": [101, 5], "clustering": [101, 6]}
+    config = tiny_mote_config(task_prefix_ids=prefix_ids)
+    rows = [[101, 7, 8, 9, 4], [101, 7, 8, 4, 4], [101, 7, 8], [101, 7], [101, 5, 9, 9, 9], [101, 4, 4, 4, 4]]
+    width = max(len(r) for r in rows)
+    input_ids = torch.tensor([r + [0] * (width - len(r)) for r in rows])
+
+    def expected(row):  # the rule, read directly: the longest prefix the row starts with
+        hits = [t for t, ids in prefix_ids.items() if row[: len(ids)] == ids]
+        return config.tasks.index(max(hits, key=lambda t: len(prefix_ids[t]))) if hits else -1
+
+    want = [expected(r.tolist()) for r in input_ids]
+    assert want == [1, 0, 0, -1, 2, -1]  # the cases above, as the reading says
+    assert detect_task_ids(input_ids, config).tolist() == want
+    assert detect_task_ids(input_ids[:, :2], config).tolist() == [-1, -1, -1, -1, 2, -1]  # too short for most

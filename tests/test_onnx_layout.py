@@ -73,11 +73,15 @@ def test_exported_graphs_avoid_the_slow_kernels(family, mote_onnx, moe_onnx, com
 
 def test_routed_mote_graph_splits_each_expert_layer_once(mote_onnx, tmp_path):
     """MoTE's experts read their runs of the sorted batch from one `Split` per expert layer, flattened to
-    (tokens, hidden): no per-expert `NonZero` + `Gather`, and the experts' LayerNorms need no reshaping."""
+    (tokens, hidden): no per-expert `NonZero` + `Gather`, and the experts' LayerNorms need no reshaping; the
+    prompts are read once."""
     for file in ("onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"):
         ops = optimized_ops(mote_onnx / file, tmp_path)
         assert ops["NonZero"] == 0, (file, ops)
         assert ops["Split"] >= 3, (file, ops)  # one per expert layer (and any onnxruntime fuses elsewhere)
+        # the prompts are read once, every prefix at once (`detect_task_ids`), by the graph's input step: the model
+        # behind it does not read them again
+        assert ops["ArgMax"] == 1, (file, ops)
     model = onnx.load(str(mote_onnx / "onnx/model.onnx"))
     produced_by = {output: node for node in model.graph.node for output in node.output}
     expert_norms = [n for n in model.graph.node if n.op_type == "LayerNormalization" and ".experts." in n.input[1]]
