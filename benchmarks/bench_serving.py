@@ -26,7 +26,9 @@ timed again inside every other family's rounds, and that backend's "of dense" co
 rounds; the other backends' "of dense" compare with the dense family's own block. Even in the same rounds,
 a session's rate depends on what else the process holds (the same MoTE graph measured 0.70 of dense in these
 rounds and 0.98 alone), so a last table times each family's onnxruntime int8 graph alone, in a new process per
-timing (`--fresh-rounds`, at `--fresh-batch-sizes`): that table's "of dense" is the one the targets read.
+timing (`--fresh-rounds`, at `--fresh-batch-sizes`): that table's "of dense" is the one the targets read, over
+every call of a timing and in its fastest call (the graph's own cost, with the least of what the host's other
+tenants take; `benchmarks/session_rate.py`).
 
 `--accuracy` adds STS-B test and SciFact (the suite's scores, by mteb as `moe-embed evaluate` scores them) of
 every family's fp32 graph, its int8 graph through onnxruntime and its OpenVINO int8 model, fed as a client
@@ -102,9 +104,10 @@ def random_feed(graph, batch_size: int, seq_len: int, family: str = "") -> dict[
 
 def fresh_rates(built: dict, shapes: list, args, threads: int, work: Path) -> dict:
     """onnxruntime int8 seq/s of every family's graph at `shapes`, each timing alone in a new process
-    (`benchmarks.session_rate`), the families alternating in each of `args.fresh_rounds` rounds; medians. In the
-    rounds above every session shares one process with the others, and there the same graph's rate moved by up
-    to 30% with what else the process held (docs/benchmarks.md, run 9)."""
+    (`benchmarks.session_rate`), the families alternating in each of `args.fresh_rounds` rounds: medians of the
+    timings' rates and of their fastest calls'. In the rounds above every session shares one process with the
+    others, and there the same graph's rate moved by up to 30% with what else the process held
+    (docs/benchmarks.md, run 9)."""
     import statistics
     import subprocess
     import sys
@@ -123,8 +126,10 @@ def fresh_rates(built: dict, shapes: list, args, threads: int, work: Path) -> di
                 done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
                 if done.returncode:
                     raise RuntimeError(f"timing {family} in a new process failed:\n{done.stderr[-2000:]}")
-                times[family].append(float(done.stdout.split()[-1]))
-        rates.update({(f, batch_size, seq_len): statistics.median(t) for f, t in times.items()})
+                times[family].append([float(rate) for rate in done.stdout.split()[-2:]])
+        for family, pairs in times.items():  # (rate, fastest call's rate) per round
+            columns = zip(*pairs, strict=True)
+            rates[family, batch_size, seq_len] = tuple(statistics.median(column) for column in columns)
     return rates
 
 
@@ -289,14 +294,18 @@ def main(argv: list[str] | None = None) -> None:
             alone = fresh_rates(built, fresh, args, threads, Path(tmp))
             print(
                 "\nonnxruntime int8, each timing alone in a new process (`benchmarks.session_rate`), median of "
-                f"{args.fresh_rounds} rounds in which the families alternate:"
+                f"{args.fresh_rounds} rounds in which the families alternate; over every call of a timing, and in "
+                "its fastest call:"
             )
-            print("| family | batch | tokens | ort-int8 (seq/s) | of dense |")
-            print("|---|---:|---:|---:|---:|")
-            for (family, batch_size, seq_len), rate in alone.items():
+            print("| family | batch | tokens | ort-int8 (seq/s) | of dense | fastest call (seq/s) | of dense |")
+            print("|---|---:|---:|---:|---:|---:|---:|")
+            for (family, batch_size, seq_len), pair in alone.items():
                 dense = alone.get(("dense", batch_size, seq_len))
-                of_dense = f"{rate / dense:.2f}" if dense and family != "dense" else ""
-                print(f"| {family} | {batch_size} | {seq_len} | {rate:.1f} | {of_dense} |", flush=True)
+                cells = [
+                    f"{rate:.1f} | " + (f"{rate / reference:.2f}" if dense and family != "dense" else "")
+                    for rate, reference in zip(pair, dense or pair, strict=True)
+                ]
+                print(f"| {family} | {batch_size} | {seq_len} | {' | '.join(cells)} |", flush=True)
         if args.accuracy:
             print(f"\n| family | {score_header(tasks)} |")
             print("|---|" + "---:|" * (5 * len(tasks)))
