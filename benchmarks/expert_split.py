@@ -17,7 +17,11 @@ weights), on the same tokens split into four equal runs:
 - `stacked`: the four experts' weights stacked, one batched MatMul over `(experts, tokens / 4, hidden)`.
   onnxruntime's `DynamicQuantizeMatMul` refuses per-channel zero points on 3-D weights, so this variant's
   weights are quantised per tensor (the export's agreement check refuses per-tensor MoTE graphs: cosine 0.935,
-  `benchmarks/int8_settings.py`); its time is a bound on what the layout could give, not a servable graph.
+  `benchmarks/int8_settings.py`); its time is a bound on what the layout could give, not a servable graph;
+- `QMoE`: onnxruntime's own fused mixture-of-experts operator (`com.microsoft.QMoE`, top-1 of a one-hot
+  router, 8-bit weights in blocks of `QMOE_BLOCK` along the input, int8 activations: `accuracy_level=4`) on the
+  unsorted tokens: each expert's first LayerNorm folded into its up-projection, the residual's and the last
+  LayerNorm's per-expert scale and shift gathered per token around unit LayerNorms.
 
 `--tokens 512` is a batch of 32 texts of 16 tokens, `4096` the same batch at 128 tokens. Medians of
 rounds, each opening its sessions anew (`timed_rounds`); ratios are to `one FFN` on the same tokens (above 1:
@@ -36,7 +40,8 @@ from benchmarks.common import cpu_description, median_milliseconds
 from moe_embed.usage import command_parser, parse, run_cli
 
 HIDDEN, INTERMEDIATE, EXPERTS = 384, 1536, 4
-VARIANTS = ("one FFN", "4 experts", "4 x shared weights", "stacked")
+VARIANTS = ("one FFN", "4 experts", "4 x shared weights", "stacked", "QMoE")
+QMOE_BLOCK = 128  # input features per weight scale of the QMoE variant
 
 
 def block_weights(rng) -> dict[str, np.ndarray]:
@@ -77,6 +82,85 @@ def block_nodes(x: str, out: str, weights: str, tag: str, affine_norm: bool = Tr
     ]
 
 
+def qmoe_weights(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(experts, out, in)` fp32 weights as QMoE reads 8-bit ones: symmetric, `QMOE_BLOCK` inputs per scale,
+    stored as uint8 around 128; and the scales `(experts, out, in / QMOE_BLOCK)`."""
+    experts, rows, columns = weights.shape
+    blocks = weights.reshape(experts, rows, columns // QMOE_BLOCK, QMOE_BLOCK)
+    scales = np.abs(blocks).max(axis=-1) / 127
+    quantised = np.clip(np.round(blocks / scales[..., None]), -127, 127) + 128
+    return quantised.astype(np.uint8).reshape(weights.shape), scales.astype(np.float32)
+
+
+def qmoe_layer(x: str, out: str, experts: list[dict], tag: str) -> tuple[list, dict]:
+    """An expert layer as one QMoE node (see the module docstring): nodes and initialisers. Reads the graph's
+    `router` (one-hot logits) and `expert_ids` (each token's expert)."""
+    from onnx import helper
+
+    t = tag
+    stack = {n: np.stack([e[n] for e in experts]) for n in experts[0]}
+    up = stack["gamma"][:, :, None] * stack["w1"]  # LayerNorm's scale folded into the up-projection
+    up_bias = np.einsum("eh,ehi->ei", stack["beta"], stack["w1"]) + stack["b1"]  # and its shift
+    w1, s1 = qmoe_weights(up.transpose(0, 2, 1))
+    w2, s2 = qmoe_weights(stack["w2"].transpose(0, 2, 1))
+    initialisers = {
+        f"{t}w1": w1,
+        f"{t}s1": s1,
+        f"{t}b1": up_bias.astype(np.float32),
+        f"{t}w2": w2,
+        f"{t}s2": s2,
+        f"{t}b2": (stack["b2"] + stack["beta"]).astype(np.float32),  # the residual's shift
+        f"{t}gamma": stack["gamma"],
+    }
+    ffn = [f"{t}norm", "router", f"{t}w1", f"{t}s1", f"{t}b1", f"{t}w2", f"{t}s2", f"{t}b2"]
+    nodes = [
+        helper.make_node("LayerNormalization", [x, "unit_scale", "unit_shift"], [f"{t}norm"]),
+        helper.make_node(
+            "QMoE",
+            ffn,
+            [f"{t}ffn"],
+            domain="com.microsoft",
+            k=1,
+            activation_type="gelu",
+            expert_weight_bits=8,
+            block_size=QMOE_BLOCK,
+            normalize_routing_weights=1,
+            accuracy_level=4,
+        ),
+        helper.make_node("Gather", [f"{t}gamma", "expert_ids"], [f"{t}token_gamma"]),
+        helper.make_node("Mul", [f"{t}norm", f"{t}token_gamma"], [f"{t}scaled"]),
+        helper.make_node("Add", [f"{t}ffn", f"{t}scaled"], [f"{t}residual"]),
+        helper.make_node("LayerNormalization", [f"{t}residual", "unit_scale", "unit_shift"], [f"{t}out_unit"]),
+    ]
+    # the last LayerNorm's own scale and shift (the `gamma` and `beta` of each expert's second norm are its first
+    # norm's in `block_nodes`, so the same tables serve)
+    nodes += [
+        helper.make_node("Mul", [f"{t}out_unit", f"{t}token_gamma"], [f"{t}out_scaled"]),
+        helper.make_node("Gather", [f"{t}beta", "expert_ids"], [f"{t}token_beta"]),
+        helper.make_node("Add", [f"{t}out_scaled", f"{t}token_beta"], [out]),
+    ]
+    initialisers[f"{t}beta"] = stack["beta"]
+    return nodes, initialisers
+
+
+def routing_nodes() -> list:
+    """`expert_ids` (each token's expert: `counts` tokens of expert 0, then of expert 1, ...) and `router`
+    (their one-hot logits), as the QMoE variant reads them."""
+    from onnx import helper
+
+    return [
+        helper.make_node("CumSum", ["counts", "axis0"], ["ends"]),
+        helper.make_node("Shape", ["x"], ["x_shape"], end=1),
+        helper.make_node("Squeeze", ["x_shape"], ["tokens"]),
+        helper.make_node("Range", ["zero", "tokens", "one"], ["positions"]),
+        helper.make_node("Unsqueeze", ["positions", "axis1"], ["column"]),
+        helper.make_node("GreaterOrEqual", ["column", "ends"], ["past"]),  # (tokens, experts): runs behind
+        helper.make_node("Cast", ["past"], ["past_count"], to=7),  # int64
+        helper.make_node("ReduceSum", ["past_count", "axis1"], ["expert_ids"], keepdims=0),
+        helper.make_node("OneHot", ["expert_ids", "depth", "router_values"], ["router"], axis=-1),
+    ]
+
+
 def build(variant: str, layers: int, seed: int = 0):
     """The ModelProto of `layers` blocks of `variant` over `x` of shape `(tokens, hidden)`; `counts` (4 tokens
     per expert, summing to the tokens) is an input of every variant. Every variant's first expert, and `one
@@ -89,7 +173,11 @@ def build(variant: str, layers: int, seed: int = 0):
         rng = np.random.default_rng(seed + layer)
         experts = [block_weights(rng) for _ in range(EXPERTS)]
         out = f"layer{layer}"
-        if variant == "one FFN":
+        if variant == "QMoE":
+            layer_nodes, layer_weights = qmoe_layer(x, out, experts, f"l{layer}_")
+            nodes += layer_nodes
+            initialisers.update(layer_weights)
+        elif variant == "one FFN":
             initialisers.update({f"l{layer}_{n}": w for n, w in experts[0].items()})
             nodes += block_nodes(x, out, f"l{layer}_", f"l{layer}_")
         elif variant == "stacked":
@@ -115,6 +203,20 @@ def build(variant: str, layers: int, seed: int = 0):
                 nodes += block_nodes(part, f"{part}_out", prefix, f"l{layer}e{e}_")
             nodes.append(helper.make_node("Concat", [f"{p}_out" for p in parts], [out], axis=0))
         x = out
+    imports = [helper.make_opsetid("", 20)]  # 20: the standard Gelu
+    if variant == "QMoE":
+        nodes = routing_nodes() + nodes
+        imports.append(helper.make_opsetid("com.microsoft", 1))
+        initialisers.update(
+            unit_scale=np.ones(HIDDEN, np.float32),
+            unit_shift=np.zeros(HIDDEN, np.float32),
+            axis0=np.array(0),
+            axis1=np.array([1]),
+            zero=np.array(0),
+            one=np.array(1),
+            depth=np.array(EXPERTS),
+            router_values=np.array([-1e4, 0], np.float32),  # off, on: the softmax of one logit is 1
+        )
     graph = helper.make_graph(
         nodes,
         variant.replace(" ", "_"),
@@ -125,7 +227,7 @@ def build(variant: str, layers: int, seed: int = 0):
         [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["tokens", HIDDEN])],
         [numpy_helper.from_array(w, name) for name, w in initialisers.items()],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])  # 20: the standard Gelu
+    return helper.make_model(graph, opset_imports=imports)
 
 
 def int8_files(layers: int, work: Path) -> dict[str, Path]:

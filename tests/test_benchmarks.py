@@ -305,7 +305,7 @@ def test_expert_split_variants_compute_what_they_stand_for():
 
     feed = {"x": np.random.default_rng(1).normal(size=(12, HIDDEN)).astype(np.float32), "counts": np.full(4, 3)}
     out = {}
-    for variant in ("one FFN", "4 experts", "4 x shared weights", "stacked"):
+    for variant in ("one FFN", "4 experts", "4 x shared weights", "stacked", "QMoE"):
         model = build(variant, layers=2).SerializeToString()
         out[variant] = onnxruntime.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, feed)[0]
     # the same weights in a routed layout compute the same function; each expert's own weights another one
@@ -313,6 +313,8 @@ def test_expert_split_variants_compute_what_they_stand_for():
     np.testing.assert_allclose(out["stacked"], out["4 experts"], atol=1e-4)
     np.testing.assert_allclose(out["4 experts"][:3], out["one FFN"][:3], atol=1e-4)  # expert 0 is the FFN's
     assert np.abs(out["4 experts"][3:] - out["one FFN"][3:]).max() > 0.1
+    # onnxruntime's fused operator on the unsorted tokens, its weights in 8 bits: each token's own expert
+    assert np.abs(out["QMoE"] - out["4 experts"]).max() < 0.2 < np.abs(out["QMoE"] - out["one FFN"]).max()
 
 
 def test_expert_split_benchmark_runs(capsys):
@@ -329,11 +331,11 @@ def test_expert_split_benchmark_runs(capsys):
         capsys=capsys,
     )
     [row] = table_rows(out.splitlines(), next(line for line in out.splitlines() if line.startswith("| tokens")), 1)
-    assert row[0] == "8" and len(row) == 8
-    for cell in row[1:5]:  # median (fastest-slowest round)
+    assert row[0] == "8" and len(row) == 10
+    for cell in row[1:6]:  # median (fastest-slowest round)
         median, low, high = (float(v) for v in re.fullmatch(r"([\d.]+) \(([\d.]+)-([\d.]+)\)", cell).groups())
         assert 0 < low <= median <= high
-    assert all(float(cell) > 0 for cell in row[5:])
+    assert all(float(cell) > 0 for cell in row[6:])
     with pytest.raises(SystemExit) as error:
         run_repo_script("benchmarks/expert_split.py", "--tokens", "6", capsys=capsys)
     assert error.value.code == 2
