@@ -17,15 +17,6 @@ from pathlib import Path
 from moe_embed.usage import command_parser, parse, run_cli
 
 
-def seconds_per_call(session, feed: dict, min_time: float) -> float:
-    """Seconds per `session.run(None, feed)`, calling it until `min_time` seconds pass (at least once)."""
-    calls, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < min_time or calls == 0:
-        session.run(None, feed)
-        calls += 1
-    return elapsed / calls
-
-
 def call_seconds(session, feed: dict, min_time: float) -> list[float]:
     """Seconds of each `session.run(None, feed)`, calling it until `min_time` seconds pass (at least once)."""
     times, end = [], time.perf_counter() + min_time
@@ -34,6 +25,12 @@ def call_seconds(session, feed: dict, min_time: float) -> list[float]:
         session.run(None, feed)
         times.append(time.perf_counter() - start)
     return times
+
+
+def seconds_per_call(session, feed: dict, min_time: float) -> float:
+    """Mean seconds per `session.run(None, feed)` over at least `min_time` seconds (`call_seconds`)."""
+    times = call_seconds(session, feed, min_time)
+    return sum(times) / len(times)
 
 
 def session_rates(model: Path, feed: dict, threads: int, min_time: float) -> tuple[float, float]:
