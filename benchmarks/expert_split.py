@@ -110,7 +110,8 @@ def qmoe_layer(x: str, out: str, experts: list[dict], tag: str) -> tuple[list, d
         f"{t}w2": w2,
         f"{t}s2": s2,
         f"{t}b2": (stack["b2"] + stack["beta"]).astype(np.float32),  # the residual's shift
-        f"{t}gamma": stack["gamma"],
+        f"{t}gamma": stack["gamma"],  # each expert's two norms share a scale and shift (`block_nodes`)
+        f"{t}beta": stack["beta"],
     }
     ffn = [f"{t}norm", "router", f"{t}w1", f"{t}s1", f"{t}b1", f"{t}w2", f"{t}s2", f"{t}b2"]
     nodes = [
@@ -131,15 +132,10 @@ def qmoe_layer(x: str, out: str, experts: list[dict], tag: str) -> tuple[list, d
         helper.make_node("Mul", [f"{t}norm", f"{t}token_gamma"], [f"{t}scaled"]),
         helper.make_node("Add", [f"{t}ffn", f"{t}scaled"], [f"{t}residual"]),
         helper.make_node("LayerNormalization", [f"{t}residual", "unit_scale", "unit_shift"], [f"{t}out_unit"]),
-    ]
-    # the last LayerNorm's own scale and shift (the `gamma` and `beta` of each expert's second norm are its first
-    # norm's in `block_nodes`, so the same tables serve)
-    nodes += [
         helper.make_node("Mul", [f"{t}out_unit", f"{t}token_gamma"], [f"{t}out_scaled"]),
         helper.make_node("Gather", [f"{t}beta", "expert_ids"], [f"{t}token_beta"]),
         helper.make_node("Add", [f"{t}out_scaled", f"{t}token_beta"], [out]),
     ]
-    initialisers[f"{t}beta"] = stack["beta"]
     return nodes, initialisers
 
 
@@ -169,6 +165,8 @@ def build(variant: str, layers: int, seed: int = 0):
     from onnx import TensorProto, helper, numpy_helper
 
     initialisers, nodes, x = {}, [], "x"
+    if variant in ("stacked", "QMoE"):  # unit LayerNorms, each expert's scale and shift applied after them
+        initialisers.update(unit_scale=np.ones(HIDDEN, np.float32), unit_shift=np.zeros(HIDDEN, np.float32))
     for layer in range(layers):
         rng = np.random.default_rng(seed + layer)
         experts = [block_weights(rng) for _ in range(EXPERTS)]
@@ -185,9 +183,7 @@ def build(variant: str, layers: int, seed: int = 0):
             stacked = {n: w[:, None, :] if w.ndim == 2 else w for n, w in stacked.items()}  # (experts, 1, size)
             initialisers.update({f"l{layer}_{n}": w for n, w in stacked.items()})
             initialisers.update(
-                unit_scale=np.ones(HIDDEN, np.float32),
-                unit_shift=np.zeros(HIDDEN, np.float32),
-                **{f"l{layer}_grouped": np.array([EXPERTS, -1, HIDDEN]), f"l{layer}_flat": np.array([-1, HIDDEN])},
+                {f"l{layer}_grouped": np.array([EXPERTS, -1, HIDDEN]), f"l{layer}_flat": np.array([-1, HIDDEN])}
             )
             nodes.append(helper.make_node("Reshape", [x, f"l{layer}_grouped"], [f"l{layer}_groups"]))
             nodes += block_nodes(f"l{layer}_groups", f"l{layer}_out", f"l{layer}_", f"l{layer}_", affine_norm=False)
@@ -208,8 +204,6 @@ def build(variant: str, layers: int, seed: int = 0):
         nodes = routing_nodes() + nodes
         imports.append(helper.make_opsetid("com.microsoft", 1))
         initialisers.update(
-            unit_scale=np.ones(HIDDEN, np.float32),
-            unit_shift=np.zeros(HIDDEN, np.float32),
             axis0=np.array(0),
             axis1=np.array([1]),
             zero=np.array(0),

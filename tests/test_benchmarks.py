@@ -314,7 +314,7 @@ def test_expert_split_variants_compute_what_they_stand_for():
     np.testing.assert_allclose(out["4 experts"][:3], out["one FFN"][:3], atol=1e-4)  # expert 0 is the FFN's
     assert np.abs(out["4 experts"][3:] - out["one FFN"][3:]).max() > 0.1
     # onnxruntime's fused operator on the unsorted tokens, its weights in 8 bits: each token's own expert
-    assert np.abs(out["QMoE"] - out["4 experts"]).max() < 0.2 < np.abs(out["QMoE"] - out["one FFN"]).max()
+    assert np.abs(out["QMoE"] - out["4 experts"]).max() < 0.1 < np.abs(out["QMoE"] - out["one FFN"]).max()
 
 
 def test_expert_split_benchmark_runs(capsys):
@@ -351,7 +351,7 @@ def test_session_rate_times_a_graph_and_refuses_a_missing_one(tmp_path, capsys):
     np.savez(feed, x=np.ones((8, HIDDEN), np.float32), counts=np.full(4, 2), unused=np.zeros(3))
     out = run_repo_script("benchmarks/session_rate.py", str(model), str(feed), "--min-time", "0.01", capsys=capsys)
     rate, fastest = (float(value) for value in out.split()[-2:])
-    assert 0 < rate <= fastest  # over every call, and in the fastest one
+    assert 0 < rate <= fastest * (1 + 1e-9)  # over every call, and in the fastest one (equal if all calls tie)
     with pytest.raises(SystemExit) as error:
         run_repo_script("benchmarks/session_rate.py", str(tmp_path / "missing.onnx"), str(feed), capsys=capsys)
     assert error.value.code == 2
