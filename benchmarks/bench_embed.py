@@ -89,17 +89,19 @@ print(json.dumps({"seconds": seconds, "driver_mib": peak_rss_mib(), "model_secon
 """
 
 
-def corpus_texts(count: int, seed: int = 0) -> list[str]:
-    """`count` short texts (8 to 24 words) recombined from the sentences the package ships, seeded."""
+def corpus_texts(count: int, seed: int = 0, words: tuple[int, int] = (8, 24)) -> list[str]:
+    """`count` texts of `words` words (8 to 24 by default: short texts) recombined from the sentences the package
+    ships, seeded."""
     from convert.openvino_int8 import CALIBRATION_TEXTS
 
-    words = CALIBRATION_TEXTS.read_text(encoding="utf-8").split()
+    vocabulary = CALIBRATION_TEXTS.read_text(encoding="utf-8").split()
     rng = random.Random(seed)
-    return [" ".join(rng.choice(words) for _ in range(rng.randint(8, 24))) for _ in range(count)]
+    return [" ".join(rng.choice(vocabulary) for _ in range(rng.randint(*words))) for _ in range(count)]
 
 
-def write_corpus(path: Path, count: int) -> Path:
-    path.write_text("".join(json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(corpus_texts(count))))
+def write_corpus(path: Path, count: int, words: tuple[int, int] = (8, 24)) -> Path:
+    texts = corpus_texts(count, words=words)
+    path.write_text("".join(json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
     return path
 
 

@@ -297,6 +297,24 @@ def test_embed_benchmark_runs(capsys):
     assert all(float(cell) > 0 for row in memory for cell in row[1:])  # rate, driver, worker at both sizes
 
 
+def test_actor_benchmark_runs(dense_path, capsys):
+    args = ["--base", dense_path, "--families", "dense,mote", "--batch-sizes", "4,16", "--rows", "24"]
+    lines = run_repo_script("benchmarks/bench_actor.py", *args, "--rows-per-shard", "10", capsys=capsys).splitlines()
+    rows = table_rows(lines, "| family | batch | encode (rows/s) | actor (rows/s) | actor / encode |", 4)
+    assert [row[:2] for row in rows] == [["dense", "4"], ["dense", "16"], ["mote", "4"], ["mote", "16"]]
+    for _, _, encode, actor, ratio in rows:
+        encode, actor, ratio = float(encode), float(actor), float(ratio)
+        assert encode > 0 and actor > 0  # the ratio of the unrounded rates, within the printed rounding
+        assert (actor - 0.5) / (encode + 0.5) - 0.006 <= ratio <= (actor + 0.5) / (encode - 0.5) + 0.006
+
+
+@pytest.mark.parametrize("words", ["ten", "5-2", "0"])
+def test_actor_benchmark_refuses_bad_word_ranges(words, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        run_repo_script("benchmarks/bench_actor.py", "--words", words, capsys=capsys)
+    assert stopped.value.code == 2 and "--words" in capsys.readouterr().err
+
+
 def test_expert_split_variants_compute_what_they_stand_for():
     import numpy as np
     import onnxruntime
