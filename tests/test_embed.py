@@ -103,6 +103,27 @@ def test_ray_job_embeds_as_encode(family, task, request, tmp_path):
     assert tasks == {task}
 
 
+@pytest.mark.parametrize("fixture, task", [("dense_path", None), ("mote_onnx", "query")])
+def test_texts_longer_than_the_model_are_counted_at_the_boundary(fixture, task, request):
+    """Texts of the model's length less one, the length, and one more (prompt and special tokens included): only
+    the last is counted, as the model's own tokenizer counts it; counting leaves the model's tokenizer truncating."""
+    from transformers import AutoTokenizer
+
+    from training.embedders import Embedder
+
+    model = str(request.getfixturevalue(fixture))
+    embedder = Embedder(model, task, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    budget = embedder.max_tokens - len(tokenizer(embedder.prompt)["input_ids"])  # tokens left for the text
+    texts = [" ".join(["fox"] * (budget + extra)) for extra in (-1, 0, 1)]
+    lengths = [len(tokenizer(embedder.prompt + text)["input_ids"]) for text in texts]
+    assert lengths == [embedder.max_tokens - 1, embedder.max_tokens, embedder.max_tokens + 1]
+    assert embedder.longer_than_model(texts) == 1
+    assert embedder.longer_than_model(texts[:2]) == 0
+    vectors = embedder(texts[1:], 2)  # the model still reads the first max_tokens tokens: both texts embed alike
+    assert np.abs(vectors[0] - vectors[1]).max() <= 1e-4
+
+
 def test_parquet_and_a_folder_of_files_are_read_whole_across_shards(dense_path, tmp_path):
     """Shards that cut through Parquet row groups, and a folder of two JSON-lines files, give every row once."""
     import pyarrow as pa
