@@ -29,6 +29,10 @@ actor), which separates the per-row part of the gap from the fixed one.
 `--memory-sizes`: `ray-running` at corpus sizes 10x apart, in shards of `--memory-rows-per-shard` rows (so
 that both sizes fill their shards), with the peak resident memory (`VmHWM`) of the driver process and of the
 worker (reported by each shard): flat when the corpus streams.
+
+`--id-check-sizes`: the job's final id check (`training.embed.repeated_hashes`) alone, on that many random
+64-bit hashes in batches of a million (a million-row shard each), in a fresh process: its seconds and the
+process's peak memory, which stays near `ID_CHECK_MIB` however many ids a corpus has.
 """
 
 from __future__ import annotations
@@ -87,6 +91,31 @@ else:
 seconds = time.perf_counter() - start
 print(json.dumps({"seconds": seconds, "driver_mib": peak_rss_mib(), "model_seconds": model_seconds}))
 """
+
+
+# The id check alone on `rows` random hashes: prints {"seconds", "peak_mib", "start_mib", "repeated"}.
+ID_CHECK = r"""
+import json, sys, time
+import numpy as np
+from training.embed import ID_CHECK_MIB, peak_rss_mib, repeated_hashes
+rows, batch = int(sys.argv[1]), 1_000_000
+start_mib = peak_rss_mib()
+def batches():
+    rng = np.random.default_rng(0)
+    for first in range(0, rows, batch):
+        yield rng.integers(0, 2**64 - 1, size=min(batch, rows - first), dtype=np.uint64)
+started = time.perf_counter()
+repeated = repeated_hashes(batches(), rows, ID_CHECK_MIB)
+seconds = time.perf_counter() - started
+print(json.dumps({"seconds": seconds, "peak_mib": peak_rss_mib(), "start_mib": start_mib, "repeated": len(repeated)}))
+"""
+
+
+def id_check(rows: int) -> dict:
+    done = subprocess.run([sys.executable, "-c", ID_CHECK, str(rows)], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"the id check failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def corpus_texts(count: int, seed: int = 0, words: tuple[int, int] = (8, 24)) -> list[str]:
@@ -156,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--memory-rows-per-shard", type=int, default=1000, help="shard size of the memory rows (full shards at both)"
     )
+    parser.add_argument("--id-check-sizes", default="", help="comma-separated hash counts for the id check's rows")
     args = parse(parser, argv)
     from moe_embed.folders import bundled_minilm_path
 
@@ -166,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     model = bundled_minilm_path()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        onnx_dir = export_int8(work, model) if "ray-int8" in methods else work
+        onnx_dir = export_int8(work, model) if "ray-int8" in methods and args.sizes else work
         print(f"{cpu_description()}; median of {args.rounds} interleaved rounds, each method in a fresh process")
         timed = [m for m in methods if m != "cli"]  # clocked after their imports; `cli` has only a wall time
         shell = [m for m in ("encode", "pool", "cli") if m in methods]
@@ -211,6 +241,16 @@ def main(argv: list[str] | None = None) -> None:
                 print(
                     f"| {size} | {rows_per_second(size / result['seconds'])} | {result['driver_mib']:.0f} | "
                     f"{result['worker_mib']:.0f} |",
+                    flush=True,
+                )
+        if args.id_check_sizes:
+            print("\nThe final id check alone (random 64-bit hashes, a million a batch):")
+            print("| ids | seconds | process peak (MiB) | at its start (MiB) |")
+            print("|---:|---:|---:|---:|")
+            for size in [int(s) for s in args.id_check_sizes.split(",")]:
+                result = id_check(size)
+                print(
+                    f"| {size} | {result['seconds']:.1f} | {result['peak_mib']:.0f} | {result['start_mib']:.0f} |",
                     flush=True,
                 )
 

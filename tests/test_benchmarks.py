@@ -279,6 +279,7 @@ def table_rows(lines, header, count):
 @pytest.mark.slow
 def test_embed_benchmark_runs(capsys):
     args = ["--sizes", "40", "--methods", "encode,ray,cli", "--rounds", "1", "--memory-sizes", "20,200"]
+    args += ["--id-check-sizes", "1000,30000"]
     lines = run_repo_script("benchmarks/bench_embed.py", *args, capsys=capsys).splitlines()
     header = "| rows | encode (rows/s) | ray (rows/s) | ray / best ST | ray-int8 / ray-running |"
     [timed] = table_rows(lines, header, 1)
@@ -295,6 +296,9 @@ def test_embed_benchmark_runs(capsys):
     memory = table_rows(lines, "| rows | ray-running (rows/s) | driver peak (MiB) | worker peak (MiB) |", 2)
     assert [row[0] for row in memory] == ["20", "200"]
     assert all(float(cell) > 0 for row in memory for cell in row[1:])  # rate, driver, worker at both sizes
+    checks = table_rows(lines, "| ids | seconds | process peak (MiB) | at its start (MiB) |", 2)
+    assert [row[0] for row in checks] == ["1000", "30000"]
+    assert all(float(peak) >= float(start) > 0 for _, _, peak, start in checks)
 
 
 def test_actor_benchmark_runs(dense_path, capsys):

@@ -3,6 +3,7 @@ once, after stops, dead actors and raised errors; bad rows and bad input are nam
 a cluster of two nodes simulated on this machine."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -190,6 +191,26 @@ def test_actor_that_dies_or_raises_is_retried_to_an_exact_result(fault, trained_
     assert np.abs(np.stack([got[f"doc-{i}"] for i in range(len(TEXTS))]) - expected).max() <= 1e-5
 
 
+@pytest.mark.parametrize("fault, message", [("exit", "a worker died 2 times"), ("raise", "shard 1 failed 2 times")])
+def test_shard_that_always_fails_ends_the_job_and_the_rest_resumes(fault, message, dense_path, tmp_path):
+    """A shard that kills its worker (or raises) on every try ends the job after `--max-retries`, in one line,
+    instead of being retried forever; the shards written are kept, and the same command resumes from them. The
+    failing job is the command in a process of its own: its actors end with it, as a failed command's do."""
+    corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
+    args = [dense_path, str(corpus), "--output", str(tmp_path / "out"), "--rows-per-shard", "4", "--max-retries", "1"]
+    environment = {**os.environ, FAULT_VARIABLE: f"{fault}-shard:1"}
+    command = [sys.executable, "-m", "training.embed", *args]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=environment, timeout=600)
+    assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1], done.stderr[-3000:]
+    written = sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet"))  # those that ran before shard 1
+    assert "part-000001.parquet" not in written
+    report = embed(dense_path, corpus, tmp_path / "out", rows_per_shard=4)  # the same job, the fault gone
+    assert (report.resumed_shards, report.embedded) == (len(written), len(TEXTS))
+    got = read_output(tmp_path / "out")
+    expected = SentenceTransformer(dense_path).encode(TEXTS)
+    assert np.abs(np.stack([got[f"doc-{i}"] for i in range(len(TEXTS))]) - expected).max() <= 1e-5
+
+
 def test_bad_rows_are_counted_listed_and_exit_2(dense_path, tmp_path, capsys):
     corpus = tmp_path / "corpus.jsonl"
     rows = [{"id": "a", "text": "fine"}, {"text": "no id"}, {"id": "b", "text": "  "}, {"id": "c", "text": LONG}]
@@ -205,10 +226,30 @@ def test_bad_rows_are_counted_listed_and_exit_2(dense_path, tmp_path, capsys):
     assert sorted(read_output(tmp_path / "out")) == ["a", "c"]  # the good rows are all there, the long one too
 
 
-def test_duplicated_ids_fail_naming_them(dense_path, tmp_path, capsys):
+@pytest.mark.parametrize("memory_mib", [None, 1e-5])  # the check's default; its ids spilled to 8 buckets
+def test_duplicated_ids_fail_naming_them(memory_mib, dense_path, tmp_path, capsys, monkeypatch):
+    if memory_mib:
+        monkeypatch.setattr("training.embed.ID_CHECK_MIB", memory_mib)
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS[:6], ids=["x", "y", "z", "y", "w", "x"])
-    code, err = run_main(embed_main, dense_path, str(corpus), "--output", str(tmp_path / "out"), capsys=capsys)
+    args = [str(corpus), "--output", str(tmp_path / "out"), "--rows-per-shard", "2"]  # copies in other shards
+    code, err = run_main(embed_main, dense_path, *args, capsys=capsys)
     assert code == 2 and "2 ids appear more than once: x, y" in err.strip().splitlines()[-1], err
+
+
+def test_repeated_ids_are_found_in_any_memory():
+    """The id check finds the same repeated hashes whether it holds them all or spills them to buckets on disk,
+    with copies in different batches and hashes spread over the whole 64-bit range."""
+    from training.embed import repeated_hashes
+
+    rng = np.random.default_rng(0)
+    unique = rng.permutation(np.unique(rng.integers(0, 2**64 - 1, size=4000, dtype=np.uint64)))
+    assert len(unique) == 4000
+    planted = unique[[3, 1500, 3999]]  # each appears again, in a later batch
+    batches = [unique[:2000], np.concatenate([unique[2000:], planted[:1]]), planted[1:], planted[2:]]
+    rows = sum(len(b) for b in batches)
+    for memory_mib in (1.0, 0.01, 0.001, 1e-6):  # 1, 4, 64 and 1024 buckets
+        assert repeated_hashes(iter(batches), rows, memory_mib) == set(planted.tolist())
+    assert repeated_hashes(iter([unique]), len(unique), 1e-6) == set()
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,7 @@ import numpy as np
 from moe_embed.files import atomic_write_text
 from moe_embed.folders import check_output
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
-from training.embed import add_ray_options
+from training.embed import RAY_OPTIONS, add_ray_options
 
 TIE = 1e-6  # scores this close to a pair's own count as ties (faiss and numpy round differently)
 CHUNK = 4096  # anchors searched at a time
@@ -217,9 +217,7 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
     if command == "filter" and args.top_k < 1:
         raise UsageError(f"--top-k must be at least 1, got {args.top_k}")
     model = check_model(args.model, None, None, args.trust_remote_code)
-    settings = {
-        k: getattr(args, k) for k in ("address", "rows_per_shard", "actors", "cpus_per_actor", "gpus_per_actor")
-    }
+    settings = {k: getattr(args, k) for k in RAY_OPTIONS}
     options = EmbedOptions(
         model,
         "",

@@ -14,8 +14,9 @@ its `part-NNNNNN.json` (rows read, bad rows, texts longer than the model reads) 
 renamed into place: a shard is there whole or not at all.
 
 Run the same command again after a stop at any point: done shards are kept and the rest is embedded (a job
-with other settings in the same folder is refused unless `--overwrite`). A shard that raises is tried again
-(3 tries in all); an actor that dies is restarted by Ray Data and its shard run again. At the end every shard
+with other settings in the same folder is refused unless `--overwrite`). A shard that raises is tried again,
+and a shard whose actor dies is run again on the restarted actor, `--max-retries` times each (2 by default);
+then the job stops in one line, keeping the shards written. At the end every shard
 is checked to hold every row it read, and every id to appear once; the job fails naming the ids that do not.
 Rows without an id or with an empty text are not embedded: they are counted, listed in `bad_rows.jsonl`, and
 the command exits 2 after finishing the rest. Texts longer than the model reads are embedded from their first
@@ -26,9 +27,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import shutil
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,14 +47,15 @@ logger = logging.getLogger(__name__)
 
 JOB_FILE = "embed_job.json"
 BAD_ROWS_FILE = "bad_rows.jsonl"
-RETRIES = 3
 ACTORS_START_S = 900  # how long a job waits for every actor to hold the model before it hands out shards
+ID_CHECK_MIB = 256  # the final check's ids (as 8-byte hashes) held at a time; beyond, spilled to disk in buckets
 # Fault injection for the recovery tests: "exit:PATH" or "raise:PATH" makes the first shard that finds no file
 # at PATH create it and then die (the process exits) or raise, after embedding and before writing;
 # "slow-start:PATH" makes the first actor that finds no file at PATH create it and wait `SLOW_START_S` before it
-# loads the model (an actor on a busy node).
+# loads the model (an actor on a busy node); "exit-shard:N" and "raise-shard:N" kill the worker of shard N, or
+# raise, every time it runs.
 FAULT_VARIABLE = "MOE_EMBED_FAULT"
-FAULT_STAGES = {"exit": "shard", "raise": "shard", "slow-start": "start"}  # where each fault strikes
+FAULT_STAGES = {"exit": "shard", "raise": "shard", "slow-start": "start", "exit-shard": "shard", "raise-shard": "shard"}
 SLOW_START_S = 15
 
 
@@ -74,10 +79,13 @@ class EmbedOptions:
     onnx_file: str | None = None
     trust_remote_code: bool = False
     overwrite: bool = False
+    max_retries: int = 2
 
     def __post_init__(self):
         if self.batch_size < 1:
             raise UsageError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.max_retries < 0:
+            raise UsageError(f"--max-retries must not be negative, got {self.max_retries}")
         if self.actors is not None and self.actors < 1:
             raise UsageError(f"--actors must be at least 1, got {self.actors}")
         for name in ("cpus_per_actor", "gpus_per_actor"):
@@ -114,13 +122,19 @@ def shard_name(index: int, suffix: str) -> str:
     return f"part-{index:06d}{suffix}"
 
 
-def _inject_fault(stage: str = "shard") -> None:
+def _inject_fault(stage: str = "shard", shard: int | None = None) -> None:
     """The fault `FAULT_VARIABLE` names, if it strikes at `stage` (`FAULT_STAGES`: an actor's start, a shard)."""
     spec = os.environ.get(FAULT_VARIABLE)
     if not spec:
         return
     how, _, marker = spec.partition(":")
     if FAULT_STAGES.get(how) != stage:
+        return
+    if how in ("exit-shard", "raise-shard"):
+        if shard == int(marker) and how == "exit-shard":
+            os._exit(1)
+        if shard == int(marker):
+            raise RuntimeError(f"injected fault ({FAULT_VARIABLE}={spec})")
         return
     try:
         Path(marker).touch(exist_ok=False)
@@ -178,7 +192,7 @@ def embed_shard(embedder, shard: Shard, options: EmbedOptions, output: Path, nod
         vectors = embedder(kept, options.batch_size) if kept else np.zeros((0, embedder.dimension), np.float32)
         seconds = time.perf_counter() - started
         longer = longer.result()
-    _inject_fault()
+    _inject_fault(shard=shard.index)
     summary = {
         "shard": shard.to_dict(),
         "rows": len(ids),
@@ -229,14 +243,16 @@ class ShardWorker:
         return pd.DataFrame([self.embed_with_retries(Shard(**spec)) for spec in batch.to_dict("records")])
 
     def embed_with_retries(self, shard: Shard) -> dict:
-        """`embed_shard`, tried again (up to `RETRIES` tries) when it raises: a shard is written whole or not at
-        all, so a second try is exact. An actor that dies is restarted by Ray Data and its shard run again."""
-        for attempt in range(1, RETRIES + 1):
+        """`embed_shard`, tried again (`--max-retries` times) when it raises: a shard is written whole or not at
+        all, so a second try is exact. An actor that dies is restarted by Ray and its shard run again, as many
+        times (`run_on_ray`)."""
+        tries = self.options.max_retries + 1
+        for attempt in range(1, tries + 1):
             try:
                 return embed_shard(self.embedder, shard, self.options, self.output, self.node)
             except Exception as error:
-                if attempt == RETRIES:
-                    raise RuntimeError(f"shard {shard.index} failed {RETRIES} times: {error}") from error
+                if attempt == tries:
+                    raise RuntimeError(f"shard {shard.index} failed {tries} times: {error}") from error
                 logger.warning("shard %d failed (%s); trying again", shard.index, error)
         raise AssertionError("unreachable")
 
@@ -260,6 +276,9 @@ def resources(options: EmbedOptions) -> tuple[int, float, float]:
     else:
         actors = max(1, sum(int(n.get("CPU", 0) // cpus) for n in nodes)) if cpus else len(nodes)
     return actors, cpus, gpus
+
+
+RESUME = "the shards written so far are kept: run the same command to resume, or raise --max-retries"
 
 
 def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Path, bar) -> None:
@@ -289,14 +308,24 @@ def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Pat
             num_cpus=cpus,
             num_gpus=gpus,
             runtime_env=fault_injection(),
+            max_task_retries=options.max_retries,  # Ray Data's default, forever, loops on a shard that kills
         )
         context = done.context  # this job's own settings, not those of the caller's Ray Data
         context.enable_progress_bars = False  # this command draws its own, in rows
         # Hand out shards once every actor holds the model: otherwise the first actor up takes the shards the
         # others would get while they load, and a small job runs on one node of many.
         context.wait_for_min_actors_s = ACTORS_START_S
-        for row in done.iter_rows():
-            bar.update(int(row["rows"]))
+        try:
+            for row in done.iter_rows():
+                bar.update(int(row["rows"]))
+        except ray.exceptions.RayActorError as error:  # died, or unreachable since it died
+            what = f"a worker died {options.max_retries + 1} times running the same shard (out of memory, or a crash)"
+            raise UsageError(f"{what}; {RESUME}") from error
+        except ray.exceptions.RayTaskError as error:  # `embed_with_retries` gave up: its message crossed as text
+            failed = re.search(r"shard \d+ failed \d+ times: [^\n]*", str(error))
+            if failed is None:
+                raise
+            raise UsageError(f"{failed.group(0)}; {RESUME}") from error
     finally:
         if started:
             ray.shutdown()
@@ -321,37 +350,92 @@ def is_done(output: Path, shard: Shard) -> bool:
     return (output / shard_name(shard.index, ".parquet")).is_file()
 
 
-def verify(output: Path, shards: list[Shard]) -> tuple[int, list[dict], int]:
-    """Check that every shard holds every row it read and that no id appears twice; returns
-    `(embedded, bad rows, longer than the model)`. Ids are compared by 64-bit hashes (8 bytes a row)."""
-    import pandas as pd
+def shard_ids(output: Path, shard: Shard) -> list[str]:
     import pyarrow.parquet as pq
 
-    embedded, bad, longer, hashes, problems = 0, [], 0, [], []
-    for shard in shards:
-        summary = json.loads((output / shard_name(shard.index, ".json")).read_text())
-        rows = pq.ParquetFile(output / shard_name(shard.index, ".parquet")).metadata.num_rows
-        if summary["rows"] != shard.rows or rows + len(summary["bad_rows"]) != shard.rows:
-            problems.append(f"shard {shard.index} holds {rows} + {len(summary['bad_rows'])} bad of {shard.rows} rows")
-        embedded, longer, bad = embedded + rows, longer + summary["longer_than_model"], bad + summary["bad_rows"]
-        ids = pq.read_table(output / shard_name(shard.index, ".parquet"), columns=["id"]).column("id").to_pylist()
-        ids += [row["id"] for row in summary["bad_rows"] if row["id"] is not None]
-        hashes.append(pd.util.hash_array(np.asarray(ids, dtype=object)))
-    every = np.sort(np.concatenate(hashes)) if hashes else np.zeros(0, np.uint64)
-    repeated = set(every[1:][every[1:] == every[:-1]].tolist())
-    if repeated:
-        names = []
+    return pq.read_table(output / shard_name(shard.index, ".parquet"), columns=["id"]).column("id").to_pylist()
+
+
+def id_hashes(ids: list) -> np.ndarray:
+    import pandas as pd
+
+    return pd.util.hash_array(np.asarray(ids, dtype=object))
+
+
+def repeated_hashes(batches: Iterable[np.ndarray], rows: int, memory_mib: float) -> set[int]:
+    """The 64-bit hashes that appear more than once in `batches` (`rows` in all), holding about `memory_mib` of
+    them at a time: when they need more, they are spilled to files in buckets by their top bits (a hash's every
+    copy lands in one bucket), and each bucket is sorted on its own."""
+    import tempfile
+
+    bits = min(10, math.ceil(math.log2(max(1.0, rows * 8 / (memory_mib * 2**20)))))  # 2**bits buckets
+
+    def repeated(every: np.ndarray) -> set[int]:  # sorted in place: a bucket's hashes are the check's memory
+        every.sort()
+        return set(every[1:][every[1:] == every[:-1]].tolist())
+
+    if bits == 0:  # one bucket, in memory
+        every, count = np.empty(rows, np.uint64), 0
+        for batch in batches:
+            if count + len(batch) > len(every):  # more than `rows` (a shard holding more than it read)
+                every = np.concatenate([every[:count], np.empty(count + len(batch), np.uint64)])
+            every[count : count + len(batch)] = batch
+            count += len(batch)
+        return repeated(every[:count])
+    found = set()
+    with tempfile.TemporaryDirectory(prefix="moe-embed-ids-") as spill:
+        paths = [Path(spill) / f"bucket-{b}.u64" for b in range(2**bits)]
+        files = [path.open("ab") for path in paths]
+        try:
+            for batch in batches:
+                bucket = (batch >> np.uint64(64 - bits)).astype(np.int64)
+                order = np.argsort(bucket, kind="stable")
+                bounds = np.searchsorted(bucket[order], np.arange(2**bits + 1))
+                for b, file in enumerate(files):
+                    batch[order[bounds[b] : bounds[b + 1]]].tofile(file)
+        finally:
+            for file in files:
+                file.close()
+        for path in paths:
+            found |= repeated(np.fromfile(path, dtype=np.uint64))
+    return found
+
+
+def verify(output: Path, shards: list[Shard]) -> tuple[int, list[dict], int]:
+    """Check that every shard holds every row it read and that no id appears twice; returns
+    `(embedded, bad rows, longer than the model)`. Ids are compared by 64-bit hashes, `ID_CHECK_MIB` of them at a
+    time (`repeated_hashes`), so the check's memory does not grow with the corpus."""
+    import pyarrow.parquet as pq
+
+    counts = {"embedded": 0, "longer": 0}
+    bad, problems = [], []
+
+    def hashes():  # each shard's ids (embedded and bad), checked for its row count on the way
         for shard in shards:
-            ids = pq.read_table(output / shard_name(shard.index, ".parquet"), columns=["id"]).column("id").to_pylist()
-            found = pd.util.hash_array(np.asarray(ids, dtype=object))
-            names += [ids[i] for i in np.flatnonzero(np.isin(found, list(repeated)))]
-        names = sorted(set(names))
+            summary = json.loads((output / shard_name(shard.index, ".json")).read_text())
+            rows = pq.ParquetFile(output / shard_name(shard.index, ".parquet")).metadata.num_rows
+            if summary["rows"] != shard.rows or rows + len(summary["bad_rows"]) != shard.rows:
+                problems.append(
+                    f"shard {shard.index} holds {rows} + {len(summary['bad_rows'])} bad of {shard.rows} rows"
+                )
+            counts["embedded"] += rows
+            counts["longer"] += summary["longer_than_model"]
+            bad.extend(summary["bad_rows"])
+            yield id_hashes(shard_ids(output, shard) + [r["id"] for r in summary["bad_rows"] if r["id"] is not None])
+
+    repeated = repeated_hashes(hashes(), sum(shard.rows for shard in shards), ID_CHECK_MIB)
+    if repeated:
+        names = set()
+        for shard in shards:
+            ids = shard_ids(output, shard)
+            names.update(ids[i] for i in np.flatnonzero(np.isin(id_hashes(ids), list(repeated))))
+        names = sorted(names)
         problems.append(
             f"{len(names)} ids appear more than once: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
         )
     if problems:
         raise UsageError("the output is not exact: " + "; ".join(problems))
-    return embedded, bad, longer
+    return counts["embedded"], bad, counts["longer"]
 
 
 def require(*modules: str) -> None:
@@ -391,8 +475,12 @@ def embed_corpus(options: EmbedOptions) -> EmbedReport:
     )
 
 
+RAY_OPTIONS = ("address", "rows_per_shard", "actors", "cpus_per_actor", "gpus_per_actor", "max_retries")
+
+
 def add_ray_options(parser) -> None:
-    """Where and how wide a job runs: `moe-embed embed`'s options, which `mine` and `filter` share."""
+    """Where and how wide a job runs, and how often a shard is retried: `moe-embed embed`'s options `RAY_OPTIONS`,
+    which `mine` and `filter` share."""
     parser.add_argument(
         "--address", help="Ray cluster to run on (e.g. auto, or ray://HOST:10001); default: a local Ray for the job"
     )
@@ -402,6 +490,12 @@ def add_ray_options(parser) -> None:
     parser.add_argument("--actors", type=int, help="model replicas (default: one per node, or one per GPU)")
     parser.add_argument("--cpus-per-actor", type=float, help="default: all of a node's CPUs (1 with GPUs)")
     parser.add_argument("--gpus-per-actor", type=float, help="default: 1 where the cluster has GPUs, else 0")
+    parser.add_argument(
+        "--max-retries",
+        type=int,
+        default=2,
+        help="times a shard is run again after it raises or its worker dies (default: %(default)s)",
+    )
 
 
 def build_parser(prog: str | None = None):
