@@ -130,20 +130,18 @@ def _inject_fault(stage: str = "shard", shard: int | None = None) -> None:
     how, _, marker = spec.partition(":")
     if FAULT_STAGES.get(how) != stage:
         return
-    if how in ("exit-shard", "raise-shard"):
-        if shard == int(marker) and how == "exit-shard":
-            os._exit(1)
-        if shard == int(marker):
-            raise RuntimeError(f"injected fault ({FAULT_VARIABLE}={spec})")
-        return
-    try:
-        Path(marker).touch(exist_ok=False)
-    except FileExistsError:
-        return
+    if how.endswith("-shard"):  # every time, on shard `marker` only
+        if shard != int(marker):
+            return
+    else:  # once: the first to create `marker`
+        try:
+            Path(marker).touch(exist_ok=False)
+        except FileExistsError:
+            return
     if how == "slow-start":
         time.sleep(SLOW_START_S)
         return
-    if how == "exit":
+    if how.startswith("exit"):
         os._exit(1)
     raise RuntimeError(f"injected fault ({FAULT_VARIABLE}={spec})")
 
