@@ -48,7 +48,7 @@ import time
 from math import nan
 from pathlib import Path
 
-from benchmarks.common import cpu_description
+from benchmarks.common import add_base_option, cpu_description, dense_base
 from moe_embed.usage import command_parser, parse, run_cli
 
 METHODS = ("encode", "pool", "ray", "ray-running", "ray-2x1", "ray-int8", "cli")
@@ -150,7 +150,7 @@ def run_method(method: str, corpus: Path, work: Path, model: str, onnx_dir: Path
     wall = time.perf_counter() - start
     if done.returncode:
         raise RuntimeError(f"{method} failed:\n{done.stderr[-3000:]}")
-    shards = [json.loads(p.read_text()) for p in output.glob("part-*.json")]  # an embed job's, each shard's summary
+    shards = [json.loads(p.read_text()) for p in output.glob("_part-*.json")]  # an embed job's, each shard's summary
     shutil.rmtree(output, ignore_errors=True)
     result = {"seconds": wall} if method == "cli" else json.loads(done.stdout.strip().splitlines()[-1])
     result["worker_mib"] = max((shard["peak_rss_mib"] for shard in shards), default=0.0)
@@ -177,7 +177,7 @@ def export_int8(work: Path, model: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = command_parser(__doc__.split("\n\n")[0])
+    parser = add_base_option(command_parser(__doc__.split("\n\n")[0]))
     parser.add_argument("--sizes", default="10000,50000", help="comma-separated corpus sizes (rows)")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size (default: %(default)s)")
@@ -187,13 +187,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--id-check-sizes", default="", help="comma-separated hash counts for the id check's rows")
     args = parse(parser, argv)
-    from moe_embed.folders import bundled_minilm_path
-
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         parser.error(f"unknown --methods {unknown}; expected names from {', '.join(METHODS)}")
-    model = bundled_minilm_path()
+    model = dense_base(args)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         onnx_dir = export_int8(work, model) if "ray-int8" in methods and args.sizes else work

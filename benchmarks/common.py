@@ -5,15 +5,40 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-
-import torch
+from typing import TYPE_CHECKING
 
 from moe_embed.usage import command_parser
+
+if TYPE_CHECKING:
+    import torch
+
+BASE_HELP = "dense checkpoint (folder or Hub id) the benchmark starts from (default: the bundled all-MiniLM-L6-v2)"
+
+
+def add_base_option(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`--base`: the dense checkpoint a benchmark upcycles, exports or compares with (`dense_base`)."""
+    parser.add_argument("--base", default=None, help=BASE_HELP)
+    return parser
+
+
+def dense_base(args) -> str:
+    """The `--base` of `args`, else the bundled all-MiniLM-L6-v2."""
+    from moe_embed.folders import bundled_minilm_path
+
+    return args.base or bundled_minilm_path()
+
+
+def random_ids(vocab_size: int, batch_size: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
+    """`(batch_size, seq_len)` random token ids past BERT's special and unused ids (a small vocabulary: its upper
+    half)."""
+    import torch
+
+    return torch.randint(min(1000, vocab_size // 2), vocab_size, (batch_size, seq_len), generator=generator)
 
 
 def timing_parser(description: str, model_help: str) -> argparse.ArgumentParser:
     """Parser with the options every throughput benchmark takes."""
-    parser = command_parser(description)
+    parser = add_base_option(command_parser(description))
     parser.add_argument("--batch-sizes", default="1,32,128", help="comma-separated batch sizes")
     parser.add_argument("--seq-lens", default="16,256", help="comma-separated sequence lengths in tokens")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved timing rounds per shape")
@@ -25,6 +50,8 @@ def timing_parser(description: str, model_help: str) -> argparse.ArgumentParser:
 
 def prepare(args) -> list[tuple[int, int]]:
     """Apply `--threads`; return the (batch size, sequence length) pairs to time, sequence length outermost."""
+    import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
     return [(b, s) for s in map(int, args.seq_lens.split(",")) for b in map(int, args.batch_sizes.split(","))]
@@ -32,6 +59,8 @@ def prepare(args) -> list[tuple[int, int]]:
 
 def time_forward(model, batch: dict, min_time: float) -> float:
     """Sequences per second of `model(**batch)`, repeating calls until `min_time` seconds pass."""
+    import torch
+
     calls, start = 0, time.perf_counter()
     with torch.inference_mode():
         while True:
@@ -67,8 +96,10 @@ def median_milliseconds(sessions: dict, feed: dict, repeats: int, min_time: floa
 def batch_of(model, batch_size: int, seq_len: int, tasks: list[str] | None = None) -> dict:
     """Random token ids, no padding; a MoTE model's rows start with the prefix of task `row % len(tasks)` (`tasks`:
     every task of the model unless given; `task_ids` -1: routed by the prefix), so that a batch mixes them."""
+    import torch
+
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, model.config.vocab_size, (batch_size, seq_len), generator=generator)
+    ids = random_ids(model.config.vocab_size, batch_size, seq_len, generator)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if model.config.model_type == "mote_bert":
         prefixes = [model.config.task_prefix_ids[t] for t in tasks or model.config.tasks]

@@ -30,7 +30,7 @@ TEXTS = [
     "Rain is expected over the weekend in most of the north.",
     "two",
 ]
-LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # over 256 tokens
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # over any model's max_seq_length here
 
 
 @pytest.fixture(autouse=True)
@@ -77,14 +77,22 @@ def aea_dir(dense_path, tmp_path_factory) -> str:
 @pytest.mark.parametrize(
     "family, task",
     [
-        ("mote", "document"),
-        ("mote", "query"),
-        ("mote", None),
-        ("moe", "query"),
-        ("comoe", None),
-        ("aea", None),
-        ("dense", None),
-        ("mote-onnx", "query"),
+        (
+            "mote",
+            "document",
+        ),  # the contributor's lane runs one job of each kind of Ray work; the full lane every family
+        *[
+            pytest.param(*case, marks=pytest.mark.slow)
+            for case in [
+                ("mote", "query"),
+                ("mote", None),
+                ("moe", "query"),
+                ("comoe", None),
+                ("aea", None),
+                ("dense", None),
+                ("mote-onnx", "query"),
+            ]
+        ],
     ],
 )
 def test_ray_job_embeds_as_encode(family, task, request, tmp_path):
@@ -116,7 +124,7 @@ def test_texts_longer_than_the_model_are_counted_at_the_boundary(fixture, task, 
     embedder = Embedder(model, task, trust_remote_code=True)
     tokenizer = AutoTokenizer.from_pretrained(model)
     budget = embedder.max_tokens - len(tokenizer(embedder.prompt)["input_ids"])  # tokens left for the text
-    texts = [" ".join(["fox"] * (budget + extra)) for extra in (-1, 0, 1)]
+    texts = [" ".join(["the"] * (budget + extra)) for extra in (-1, 0, 1)]  # one token a word
     lengths = [len(tokenizer(embedder.prompt + text)["input_ids"]) for text in texts]
     assert lengths == [embedder.max_tokens - 1, embedder.max_tokens, embedder.max_tokens + 1]
     assert embedder.longer_than_model(texts) == 1
@@ -125,6 +133,7 @@ def test_texts_longer_than_the_model_are_counted_at_the_boundary(fixture, task, 
     assert np.abs(vectors[0] - vectors[1]).max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_parquet_and_a_folder_of_files_are_read_whole_across_shards(dense_path, tmp_path):
     """Shards that cut through Parquet row groups, and a folder of two JSON-lines files, give every row once."""
     import pyarrow as pa
@@ -144,10 +153,11 @@ def test_parquet_and_a_folder_of_files_are_read_whole_across_shards(dense_path, 
         got = read_output(output)
         assert np.abs(np.stack([got[i] for i in ids]) - expected).max() <= 1e-5
         # each shard records how long its embedding took: part of the job's time, more than nothing
-        seconds = [json.loads(p.read_text())["embed_seconds"] for p in output.glob("part-*.json")]
+        seconds = [json.loads(p.read_text())["embed_seconds"] for p in output.glob("_part-*.json")]
         assert len(seconds) == report.shards and all(0 < s <= report.seconds for s in seconds)
 
 
+@pytest.mark.slow
 def test_job_leaves_the_callers_ray_data_settings_alone(dense_path, tmp_path):
     """The job's own settings (no Ray Data progress bars, wait for every actor) go on its dataset, not on the
     process-wide `DataContext` of a caller that runs Ray Data itself."""
@@ -161,6 +171,7 @@ def test_job_leaves_the_callers_ray_data_settings_alone(dense_path, tmp_path):
     assert (context.enable_progress_bars, context.wait_for_min_actors_s) == before
 
 
+@pytest.mark.slow
 def test_stopped_job_resumes_to_the_one_process_result(trained_mote, tmp_path):
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
     output = tmp_path / "out"
@@ -178,6 +189,7 @@ def test_stopped_job_resumes_to_the_one_process_result(trained_mote, tmp_path):
     assert np.abs(np.stack([got[f"doc-{i}"] for i in range(len(TEXTS))]) - expected).max() <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["exit", "raise"])
 def test_actor_that_dies_or_raises_is_retried_to_an_exact_result(fault, trained_mote, tmp_path, monkeypatch):
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
@@ -191,6 +203,7 @@ def test_actor_that_dies_or_raises_is_retried_to_an_exact_result(fault, trained_
     assert np.abs(np.stack([got[f"doc-{i}"] for i in range(len(TEXTS))]) - expected).max() <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, message", [("exit", "a worker died 2 times"), ("raise", "shard 1 failed 2 times")])
 def test_shard_that_always_fails_ends_the_job_and_the_rest_resumes(fault, message, dense_path, tmp_path):
     """A shard that kills its worker (or raises) on every try ends the job after `--max-retries`, in one line,
@@ -217,16 +230,22 @@ def test_bad_rows_are_counted_listed_and_exit_2(dense_path, tmp_path, capsys):
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n" + "not json\n")
     code, err = run_main(embed_main, dense_path, str(corpus), "--output", str(tmp_path / "out"), capsys=capsys)
     assert code == 2 and "3 bad rows" in err.strip().splitlines()[-1], err
-    bad = [json.loads(line) for line in (tmp_path / "out" / "bad_rows.jsonl").read_text().splitlines()]
+    bad = [json.loads(line) for line in (tmp_path / "out" / "_bad_rows.jsonl").read_text().splitlines()]
     assert [(b["row"], b["id"], b["reason"]) for b in bad] == [
         (1, None, "missing id"),
         (2, "b", "empty text"),
         (4, None, "missing id"),
     ]
     assert sorted(read_output(tmp_path / "out")) == ["a", "c"]  # the good rows are all there, the long one too
+    # the folder, its JSON files beside the shards, reads as one Parquet dataset (docs/embedding.md's read-back)
+    import pandas as pd
+
+    assert sorted(pq.read_table(tmp_path / "out").column("id").to_pylist()) == ["a", "c"]
+    assert sorted(pd.read_parquet(tmp_path / "out")["id"]) == ["a", "c"]
 
 
-@pytest.mark.parametrize("memory_mib", [None, 1e-5])  # the check's default; its ids spilled to 8 buckets
+# the check's default; its ids spilled to 8 buckets
+@pytest.mark.parametrize("memory_mib", [pytest.param(None, marks=pytest.mark.slow), 1e-5])
 def test_duplicated_ids_fail_naming_them(memory_mib, dense_path, tmp_path, capsys, monkeypatch):
     if memory_mib:
         monkeypatch.setattr("training.embed.ID_CHECK_MIB", memory_mib)
@@ -261,7 +280,7 @@ def test_repeated_ids_are_found_in_any_memory():
         ("not-json", "corpus.jsonl:1 is not valid JSON"),
         ("bad-parquet", "is not a readable Parquet file"),
         ("unknown-task", "has no prompt 'legal' for --task"),
-        ("another-job", "holds another job's shards; pass --overwrite"),
+        pytest.param("another-job", "holds another job's shards; pass --overwrite", marks=pytest.mark.slow),
         ("remote-code", "pass --trust-remote-code to allow it"),
         ("batch-size", "--batch-size must be at least 1"),
     ],
@@ -314,6 +333,32 @@ finally:
 """
 
 
+OWN_RAY_JOB = """
+import json, subprocess, sys
+from ray.cluster_utils import Cluster
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+try:  # a Ray already running on this machine (a notebook's, another job's): the job must not join it
+    done = subprocess.run([sys.executable, "-m", "training.embed", *sys.argv[1:]], capture_output=True, text=True)
+    nodes = [node.node_id for node in cluster.list_all_nodes()]
+    print(json.dumps({"code": done.returncode, "err": done.stderr[-2000:], "nodes": nodes}))
+finally:
+    cluster.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_a_job_without_address_runs_on_a_ray_of_its_own(dense_path, tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS[:4])
+    args = [dense_path, str(corpus), "--output", str(tmp_path / "out")]
+    done = subprocess.run([sys.executable, "-c", OWN_RAY_JOB, *args], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == 0, result["err"]
+    [summary] = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("_part-*.json")]
+    assert result["nodes"] and summary["node"] not in result["nodes"]
+
+
 @pytest.mark.slow
 def test_address_runs_the_job_on_a_cluster_of_two_nodes(dense_path, tmp_path, monkeypatch):
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS * 2, ids=[f"d{i}" for i in range(2 * len(TEXTS))])
@@ -329,7 +374,7 @@ def test_address_runs_the_job_on_a_cluster_of_two_nodes(dense_path, tmp_path, mo
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, result["err"]
     assert "every id appears once" in result["out"]
-    nodes = {json.loads(p.read_text())["node"] for p in output.glob("part-*.json")}
+    nodes = {json.loads(p.read_text())["node"] for p in output.glob("_part-*.json")}
     assert len(nodes) == 2  # one actor on each node (the default: one per node, all its CPUs)
     expected = SentenceTransformer(dense_path).encode(TEXTS)
     got = read_output(output)

@@ -32,7 +32,7 @@ import numpy as np
 from moe_embed.files import atomic_write_text
 from moe_embed.folders import check_output
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
-from training.embed import RAY_OPTIONS, add_ray_options
+from training.embed import BAD_ROWS_FILE, RAY_OPTIONS, add_ray_options
 
 TIE = 1e-6  # scores this close to a pair's own count as ties (faiss and numpy round differently)
 CHUNK = 4096  # anchors searched at a time
@@ -86,7 +86,7 @@ def embed_texts(texts: list[str], name: str, task: str | None, options, work: Pa
     output = work / name
     report = embed_corpus(options.__class__(**{**vars(options), "input": str(corpus), "output": output, "task": task}))
     if report.bad_rows:  # read_pairs refuses empty texts, so this is a model that failed on a row
-        raise UsageError(f"{report.bad_rows} {name} were not embedded: {output / 'bad_rows.jsonl'}")
+        raise UsageError(f"{report.bad_rows} {name} were not embedded: {output / BAD_ROWS_FILE}")
     seen = 0
     for shard in sorted(output.glob("part-*.parquet")):
         table = pq.read_table(shard)

@@ -10,15 +10,16 @@ a pool of actors, each holding the model once (`map_batches` with a callable cla
 examples do): on a Ray started for the job on this machine by default, on a running cluster with `--address`
 (every node must see the input, the model and `--output`, as Ray Data's own readers require). Each shard
 becomes `part-NNNNNN.parquet` (columns `id` (a string), `embedding` (float32 list), `task`), written beside
-its `part-NNNNNN.json` (rows read, bad rows, texts longer than the model reads) through a temporary file
-renamed into place: a shard is there whole or not at all.
+its `_part-NNNNNN.json` (rows read, bad rows, texts longer than the model reads) through a temporary file
+renamed into place: a shard is there whole or not at all. The job's own files start with `_`, which Parquet
+readers (pyarrow, pandas, Ray Data, Spark) skip, so the folder reads as one Parquet dataset.
 
 Run the same command again after a stop at any point: done shards are kept and the rest is embedded (a job
 with other settings in the same folder is refused unless `--overwrite`). A shard that raises is tried again,
 and a shard whose actor dies is run again on the restarted actor, `--max-retries` times each (2 by default);
 then the job stops in one line, keeping the shards written. At the end every shard
 is checked to hold every row it read, and every id to appear once; the job fails naming the ids that do not.
-Rows without an id or with an empty text are not embedded: they are counted, listed in `bad_rows.jsonl`, and
+Rows without an id or with an empty text are not embedded: they are counted, listed in `_bad_rows.jsonl`, and
 the command exits 2 after finishing the rest. Texts longer than the model reads are embedded from their first
 tokens, as `encode` embeds them, and counted.
 """
@@ -45,8 +46,9 @@ from training.corpus import Corpus, Shard, plan_shards, read_shard
 
 logger = logging.getLogger(__name__)
 
-JOB_FILE = "embed_job.json"
-BAD_ROWS_FILE = "bad_rows.jsonl"
+# the job's own files start with "_", which Parquet readers skip when they read the folder as a dataset
+JOB_FILE = "_embed_job.json"
+BAD_ROWS_FILE = "_bad_rows.jsonl"
 ACTORS_START_S = 900  # how long a job waits for every actor to hold the model before it hands out shards
 ID_CHECK_MIB = 256  # the final check's ids (as 8-byte hashes) held at a time; beyond, spilled to disk in buckets
 # Fault injection for the recovery tests: "exit:PATH" or "raise:PATH" makes the first shard that finds no file
@@ -118,8 +120,14 @@ class EmbedReport:
     seconds: float
 
 
-def shard_name(index: int, suffix: str) -> str:
-    return f"part-{index:06d}{suffix}"
+def shard_name(index: int) -> str:
+    """The shard's Parquet file."""
+    return f"part-{index:06d}.parquet"
+
+
+def summary_name(index: int) -> str:
+    """The shard's summary (rows read, bad rows, long texts), written before its Parquet file."""
+    return f"_part-{index:06d}.json"
 
 
 def _inject_fault(stage: str = "shard", shard: int | None = None) -> None:
@@ -211,8 +219,8 @@ def embed_shard(embedder, shard: Shard, options: EmbedOptions, output: Path, nod
             "task": pa.array([options.task] * len(good), pa.string()),
         }
     )
-    atomic_write(output / shard_name(shard.index, ".json"), lambda p: Path(p).write_text(json.dumps(summary)))
-    atomic_write(output / shard_name(shard.index, ".parquet"), lambda p: pq.write_table(table, p))
+    atomic_write(output / summary_name(shard.index), lambda p: Path(p).write_text(json.dumps(summary)))
+    atomic_write(output / shard_name(shard.index), lambda p: pq.write_table(table, p))
     return {"index": shard.index, "rows": len(ids)}
 
 
@@ -285,7 +293,10 @@ def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Pat
 
     started = not ray.is_initialized()
     if started:
-        ray.init(address=options.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
+        # no --address: a Ray of the job's own ("local"), never a Ray another process on this machine runs (which
+        # `ray.init()` would join: a notebook's, another job's)
+        address = options.address or "local"
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # its plan and timing notes; errors still show
     try:
         actors, cpus, gpus = resources(options)
@@ -345,13 +356,13 @@ def prepare_output(output: Path, job: dict, overwrite: bool) -> None:
 
 
 def is_done(output: Path, shard: Shard) -> bool:
-    return (output / shard_name(shard.index, ".parquet")).is_file()
+    return (output / shard_name(shard.index)).is_file()
 
 
 def shard_ids(output: Path, shard: Shard) -> list[str]:
     import pyarrow.parquet as pq
 
-    return pq.read_table(output / shard_name(shard.index, ".parquet"), columns=["id"]).column("id").to_pylist()
+    return pq.read_table(output / shard_name(shard.index), columns=["id"]).column("id").to_pylist()
 
 
 def id_hashes(ids: list) -> np.ndarray:
@@ -410,8 +421,8 @@ def verify(output: Path, shards: list[Shard]) -> tuple[int, list[dict], int]:
 
     def hashes():  # each shard's ids (embedded and bad), checked for its row count on the way
         for shard in shards:
-            summary = json.loads((output / shard_name(shard.index, ".json")).read_text())
-            rows = pq.ParquetFile(output / shard_name(shard.index, ".parquet")).metadata.num_rows
+            summary = json.loads((output / summary_name(shard.index)).read_text())
+            rows = pq.ParquetFile(output / shard_name(shard.index)).metadata.num_rows
             if summary["rows"] != shard.rows or rows + len(summary["bad_rows"]) != shard.rows:
                 problems.append(
                     f"shard {shard.index} holds {rows} + {len(summary['bad_rows'])} bad of {shard.rows} rows"
