@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel
 
-from benchmarks.common import prepare, time_forward, timing_parser
+from benchmarks.common import prepare, random_ids, time_forward, timing_parser
 from convert.upcycle import UpcycleOptions, upcycle
 from modeling.aea_allocation import allocate_layers
 from modeling.aea_controller import AdaptiveExpertAllocation
@@ -65,7 +65,7 @@ def small_olmoe(attention: str):
 def calibration_batches(vocab_size: int, texts: int, seq_len: int, batch_size: int = 50):
     generator = torch.Generator().manual_seed(0)
     for start in range(0, texts, batch_size):
-        ids = torch.randint(1000, vocab_size, (min(batch_size, texts - start), seq_len), generator=generator)
+        ids = random_ids(vocab_size, min(batch_size, texts - start), seq_len, generator)
         yield ids, torch.ones_like(ids)
 
 
@@ -111,7 +111,7 @@ def bench_model(name, sdpa_model, eager_model, exit_layer, shapes, args) -> list
     rows = []
     for batch_size, seq_len in tqdm(shapes, desc=name, unit="shape"):
         generator = torch.Generator().manual_seed(1)
-        ids = torch.randint(1000, sdpa_model.config.vocab_size, (batch_size, seq_len), generator=generator)
+        ids = random_ids(sdpa_model.config.vocab_size, batch_size, seq_len, generator)
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         timings = {key: [] for key in variants}
         for _ in range(args.repeats):
@@ -133,7 +133,7 @@ def bench_model(name, sdpa_model, eager_model, exit_layer, shapes, args) -> list
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = timing_parser(__doc__.split("\n\n")[0], "ignored: the two models are built by the script")
+    parser = timing_parser(__doc__.split("\n\n")[0], "ignored: the two models are built by the script (--base)")
     parser.set_defaults(seq_lens="32,128")
     parser.add_argument("--calibration-texts", type=int, default=1000, help="texts to time the calibration on")
     args = parse(parser, argv)
@@ -141,9 +141,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "moe"
-        upcycle(UpcycleOptions(output=folder, **ENCODER))
+        upcycle(UpcycleOptions(output=folder, base=args.base, **ENCODER))
         encoder = moe_encoder(folder, "sdpa")
-        rows += bench_model("MoE MiniLM", encoder, moe_encoder(folder, "eager"), 6, shapes, args)
+        name = "MoE MiniLM" if args.base is None else f"MoE {Path(args.base).name}"
+        layers = encoder.config.num_hidden_layers
+        rows += bench_model(name, encoder, moe_encoder(folder, "eager"), layers, shapes, args)
     decoder = small_olmoe("sdpa")
     eager_decoder = small_olmoe("eager")
     eager_decoder.load_state_dict(decoder.state_dict())

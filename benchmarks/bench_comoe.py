@@ -26,11 +26,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel
 
-from benchmarks.common import prepare, time_forward, timing_parser
+from benchmarks.common import dense_base, prepare, random_ids, time_forward, timing_parser
 from convert.merging import dense_config
 from convert.upcycle import UpcycleOptions, upcycle
 from modeling.modeling_comoe import CoMoeBertModel
-from moe_embed.folders import bundled_minilm_path
 from moe_embed.usage import parse, run_cli
 
 
@@ -89,11 +88,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-tokens", type=int, default=64, help="tokens per training text")
     args = parse(parser, argv)
 
-    dense = AutoModel.from_pretrained(bundled_minilm_path(), attn_implementation="sdpa").eval()
+    dense = AutoModel.from_pretrained(dense_base(args), attn_implementation="sdpa").eval()
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model or str(Path(tmp) / "comoe")
         if args.model is None:
-            upcycle(UpcycleOptions(output=folder, arch="comoe"))
+            upcycle(UpcycleOptions(output=folder, base=args.base, arch="comoe"))
         comoe = CoMoeBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():
@@ -116,9 +115,9 @@ def main(argv: list[str] | None = None) -> None:
     print("| batch | tokens | dense seq/s | CoMoE seq/s (ratio) | merged seq/s (ratio) | FLOP bound top-k | impl |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     models = {"dense": dense, "comoe": comoe, "merged": merged}
+    vocab_size = min(config.vocab_size, dense.config.vocab_size)
     for batch_size, seq_len in tqdm(prepare(args), desc="shapes", file=sys.stderr):
-        input_ids = torch.randint(1000, 29000, (batch_size, seq_len), generator=generator)
-        input_ids[:, 0], input_ids[:, -1] = 101, 102
+        input_ids = random_ids(vocab_size, batch_size, seq_len, generator)
         batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
         runs = {name: [] for name in models}
         for model in models.values():
@@ -136,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     # training: the same batch for every variant
-    ids = torch.randint(1000, 29000, (2 * args.train_batch, args.train_tokens), generator=generator)
+    ids = random_ids(vocab_size, 2 * args.train_batch, args.train_tokens, generator)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     variants = {}
     variants["CoMoE (λ 0.01)"] = comoe
@@ -146,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     from peft import LoraConfig, get_peft_model
 
     lora = get_peft_model(
-        AutoModel.from_pretrained(bundled_minilm_path(), attn_implementation="sdpa"),
+        AutoModel.from_pretrained(dense_base(args), attn_implementation="sdpa"),
         LoraConfig(
             r=config.lora_rank,
             lora_alpha=config.lora_alpha,
@@ -154,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
     )
     variants[f"LoRA r {config.lora_rank}"] = lora
-    variants["full fine-tuning"] = AutoModel.from_pretrained(bundled_minilm_path(), attn_implementation="sdpa")
+    variants["full fine-tuning"] = AutoModel.from_pretrained(dense_base(args), attn_implementation="sdpa")
     print(
         f"\ntraining: {2 * args.train_batch} texts x {args.train_tokens} tokens per step, AdamW, "
         f"{args.train_steps} steps"

@@ -24,10 +24,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel
 
-from benchmarks.common import prepare, time_forward, timing_parser
+from benchmarks.common import dense_base, prepare, random_ids, time_forward, timing_parser
 from convert.upcycle import UpcycleOptions, upcycle
 from modeling.modeling_moe import MoeBertModel
-from moe_embed.folders import bundled_minilm_path
 from moe_embed.usage import parse, run_cli
 
 IMPLEMENTATIONS = ["eager", "grouped_mm", "batched_mm"]
@@ -61,12 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batched-mm-max-gb", type=float, default=2.0, help="skip batched_mm above this memory")
     args = parse(parser, argv)
 
-    dense = AutoModel.from_pretrained(bundled_minilm_path(), attn_implementation="sdpa").eval()
+    dense = AutoModel.from_pretrained(dense_base(args), attn_implementation="sdpa").eval()
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model
         if folder is None:
             folder = str(Path(tmp) / "moe")
-            upcycle(UpcycleOptions(output=folder, arch="moe"))
+            upcycle(UpcycleOptions(output=folder, base=args.base, arch="moe"))
         moe = MoeBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     config = moe.config
 
@@ -80,8 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---:|---:|---:|" + "---:|" * len(IMPLEMENTATIONS) + "---:|---:|")
     generator = torch.Generator().manual_seed(0)
     for batch_size, seq_len in tqdm(prepare(args), desc="shapes", file=sys.stderr):
-        input_ids = torch.randint(1000, 29000, (batch_size, seq_len), generator=generator)
-        input_ids[:, 0], input_ids[:, -1] = 101, 102
+        input_ids = random_ids(min(config.vocab_size, dense.config.vocab_size), batch_size, seq_len, generator)
         batch = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
         runnable = [
             i

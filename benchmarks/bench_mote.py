@@ -21,20 +21,18 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModel
 
-from benchmarks.common import prepare, time_forward, timing_parser
+from benchmarks.common import dense_base, prepare, random_ids, time_forward, timing_parser
 from convert.upcycle import UpcycleOptions, upcycle
 from modeling.modeling_mote import MoteBertModel
-from moe_embed.folders import bundled_minilm_path
 from moe_embed.usage import parse, run_cli
 
 
-def make_batch(prefix_ids: list[list[int]], batch_size: int, seq_len: int, generator) -> dict:
-    """`batch_size` rows of exactly `seq_len` tokens; row i starts with prefix i mod len(prefix_ids)."""
+def make_batch(prefix_ids: list[list[int]], batch_size: int, seq_len: int, vocab_size: int, generator) -> dict:
+    """`batch_size` rows of exactly `seq_len` random tokens; row i starts with prefix i mod len(prefix_ids)."""
     rows = []
     for i in range(batch_size):
         prefix = prefix_ids[i % len(prefix_ids)]
-        body = torch.randint(1000, 29000, (seq_len - len(prefix) - 1,), generator=generator).tolist()
-        rows.append(prefix + body + [102])  # ... [SEP]
+        rows.append(prefix + random_ids(vocab_size, 1, seq_len - len(prefix), generator)[0].tolist())
     input_ids = torch.tensor(rows)
     return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
 
@@ -42,13 +40,13 @@ def make_batch(prefix_ids: list[list[int]], batch_size: int, seq_len: int, gener
 def main(argv: list[str] | None = None) -> None:
     args = parse(timing_parser(__doc__, "an upcycled MoTE folder (default: upcycle the bundled MiniLM)"), argv)
 
-    dense_path = bundled_minilm_path()
+    dense_path = dense_base(args)
     dense = AutoModel.from_pretrained(dense_path, attn_implementation="sdpa").eval()
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model
         if folder is None:
             folder = str(Path(tmp) / "mote")
-            upcycle(UpcycleOptions(output=folder, no_verify=True))
+            upcycle(UpcycleOptions(output=folder, base=args.base, no_verify=True))
         mote = MoteBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     prefix_ids = [mote.config.task_prefix_ids[t] for t in mote.config.tasks]
 
@@ -57,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---:|---:|---:|---:|---:|---:|---:|")
     generator = torch.Generator().manual_seed(0)
     for batch_size, seq_len in tqdm(prepare(args), desc="shapes", file=sys.stderr):
-        single = make_batch(prefix_ids[:1], batch_size, seq_len, generator)
-        mixed = make_batch(prefix_ids, batch_size, seq_len, generator)
+        single = make_batch(prefix_ids[:1], batch_size, seq_len, mote.config.vocab_size, generator)
+        mixed = make_batch(prefix_ids, batch_size, seq_len, mote.config.vocab_size, generator)
         runs = {"dense": [], "single": [], "mixed": []}
         time_forward(dense, single, 0.05), time_forward(mote, single, 0.05), time_forward(mote, mixed, 0.05)  # warm-up
         for _ in range(args.repeats):

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.common import batch_of, cpu_description, median_rates, prepare, timing_parser
+from benchmarks.common import batch_of, cpu_description, dense_base, median_rates, prepare, timing_parser
 from convert.export_onnx import DEFAULT_MIN_COSINE
 from convert.onnx_graph import GRAPH_FILE
 from convert.onnx_int8 import INT8_FILE
@@ -61,8 +61,8 @@ FEED_TASKS = {"mote-one-task": ["query"]}  # the tasks a family's rows carry (de
 REPO = Path(__file__).resolve().parent.parent  # where `python -m benchmarks.session_rate` runs
 
 
-def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
-    """The family's exported folder and the PyTorch module its graph was traced from."""
+def build(family: str, work: Path, base: str) -> tuple[Path, torch.nn.Module]:
+    """The family's exported folder, made from the dense `base`, and the PyTorch module its graph was traced from."""
     from sentence_transformers import SentenceTransformer
 
     from convert.export_onnx import ExportOptions, export_onnx
@@ -71,21 +71,20 @@ def build(family: str, work: Path) -> tuple[Path, torch.nn.Module]:
     from convert.onnx_folder import write_folder_files
     from convert.onnx_graph import SentenceEmbeddingGraph, build_graph, export_graph, graph_inputs, session
     from convert.upcycle import UpcycleOptions, upcycle
-    from moe_embed.folders import bundled_minilm_path
 
     out = work / f"{family}-onnx"
     if family == "dense":
-        st = SentenceTransformer(bundled_minilm_path(), device="cpu")
+        st = SentenceTransformer(base, device="cpu")
         graph = SentenceEmbeddingGraph(st[0].auto_model.eval(), list(st)[1:])
         out.mkdir()
-        client = write_folder_files(Path(bundled_minilm_path()), out, st, st.max_seq_length)
+        client = write_folder_files(Path(base), out, st, st.max_seq_length)
         export_graph(graph, graph_inputs(client, ["an example", "two"]), out / GRAPH_FILE, None)
         quantize_checked(out, session(out / GRAPH_FILE), st, client, DEFAULT_MIN_COSINE)
         return out, graph
     options = {"mote": {}, "moe": {"arch": "moe", "expert_noise": 0.02}, "comoe": {"arch": "comoe"}}
     source = work / family.split("-")[0]  # mote-query, mote-one-task, comoe-merged: the mote and comoe folders
     if not source.exists():
-        upcycle(UpcycleOptions(output=source, **options[source.name]))
+        upcycle(UpcycleOptions(output=source, base=base, **options[source.name]))
     task = "query" if family == "mote-query" else None
     if family == "comoe-merged":
         source = merge(MergeOptions(source, work / family, calibration=CALIBRATION_TEXTS))
@@ -202,7 +201,7 @@ def accuracy(folders: dict[str, Path], tasks: dict):
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = timing_parser(__doc__.split("\n\n")[0], "ignored: every family is built from the bundled MiniLM")
+    parser = timing_parser(__doc__.split("\n\n")[0], "ignored: every family is built from --base")
     parser.set_defaults(seq_lens="16,128", repeats=7, min_time=0.5)
     parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, of {', '.join(BACKENDS)}")
@@ -249,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
         built = {}
         for family in tqdm(families, desc="export", unit="family"):  # mote-one-task: mote's graph, other rows
             reuse = family == "mote-one-task" and "mote" in built
-            built[family] = built["mote"] if reuse else build(family, Path(tmp))
+            built[family] = built["mote"] if reuse else build(family, Path(tmp), dense_base(args))
         rates = {}
         for family, (folder, graph) in tqdm(built.items(), desc="timing", unit="family"):
             # One family's sessions at a time (and the dense reference's): every onnxruntime and OpenVINO session

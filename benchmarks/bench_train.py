@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import BASE_HELP
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--pairs", default=None, help="JSONL with anchor/positive/negative (default: shared SNLI triplets)"
     )
+    parser.add_argument("--base", default=None, help=BASE_HELP)
     parser.add_argument("--worker", nargs=2, metavar=("FOLDER", "OPTIONS_JSON"), help=argparse.SUPPRESS)
     args = parse(parser, argv)
     if args.worker:
@@ -143,8 +145,8 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         dense_dir, mote_dir = str(Path(tmp) / "dense"), str(Path(tmp) / "mote")
-        upcycle(UpcycleOptions(output=mote_dir, no_verify=True))
-        save_dense_with_prompts(mote_dir, dense_dir)
+        upcycle(UpcycleOptions(output=mote_dir, base=args.base, no_verify=True))
+        save_dense_with_prompts(mote_dir, dense_dir, base=args.base)
         folders = {"dense + prompts": dense_dir, "MoTE": mote_dir}
         options = {
             "batch_size": args.batch_size,

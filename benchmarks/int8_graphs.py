@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common import cpu_description, median_rates, prepare, timing_parser
+from benchmarks.common import cpu_description, dense_base, median_rates, prepare, random_ids, timing_parser
 from moe_embed.usage import parse, run_cli
 
 
@@ -74,7 +74,7 @@ def export_variants(work: Path, graph, inputs: dict) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = timing_parser(__doc__.split("\n\n")[0], "ignored: the bundled MiniLM")
+    parser = timing_parser(__doc__.split("\n\n")[0], "ignored: the dense --base is exported")
     parser.set_defaults(batch_sizes="32", seq_lens="16,128")
     args = parse(parser, argv)
     import onnxruntime
@@ -82,10 +82,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from convert.onnx_graph import SentenceEmbeddingGraph
     from convert.onnx_int8 import quantize, row_cosines
-    from moe_embed.folders import bundled_minilm_path
 
     shapes = prepare(args)
-    st = SentenceTransformer(bundled_minilm_path(), device="cpu")
+    st = SentenceTransformer(dense_base(args), device="cpu")
     graph = SentenceEmbeddingGraph(st[0].auto_model.eval(), list(st)[1:])
     tokens = st.tokenizer(["an example", "two"], padding=True, return_tensors="pt")
     inputs = {name: tokens[name] for name in ("input_ids", "attention_mask", "token_type_ids")}
@@ -108,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         print("|---:|---:|---:|" + "---:|" * len(sessions))
         for batch_size, seq_len in shapes:
             generator = torch.Generator().manual_seed(0)
-            ids = torch.randint(1000, graph.model.config.vocab_size, (batch_size, seq_len), generator=generator)
+            ids = random_ids(graph.model.config.vocab_size, batch_size, seq_len, generator)
             feed = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
             arrays = {k: v.numpy() for k, v in feed.items()}
             runs = {"torch": lambda **f: graph(**{k: torch.from_numpy(v) for k, v in f.items()})}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from benchmarks.common import add_base_option
 from convert.export_onnx import ExportOptions, export_onnx
 from convert.onnx_graph import embed, session
 from convert.onnx_int8 import quantize, row_cosines
@@ -34,7 +35,7 @@ SETTINGS = [  # (weights, per_channel, reduce_range, operators)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = command_parser(__doc__)
+    parser = add_base_option(command_parser(__doc__))
     parser.add_argument("--texts", type=int, default=256, help="STS-B dev sentence pairs to embed")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     args = parse(parser, argv)
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     pairs = rows[: args.texts]  # column -> the first --texts values
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        upcycle(UpcycleOptions(output=work / "mote"))
+        upcycle(UpcycleOptions(output=work / "mote", base=args.base))
         export_onnx(ExportOptions(model_dir=work / "mote", output=work / "onnx"))
         fp32 = work / "onnx" / "onnx" / "model.onnx"
         tokenizer = Tokenizer.from_file(str(work / "onnx" / "tokenizer.json"))  # as a client tokenises

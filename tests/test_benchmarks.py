@@ -2,6 +2,7 @@
 
 import re
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import FIXTURE_DATA, REPO, run_repo_script, tiny_moe_config
@@ -29,16 +30,17 @@ def test_flop_bound_for_minilm_shapes():
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="bench_memory reads peak memory from /proc/self/status")
-def test_benchmark_scripts_run(mote_dir, moe_dir, capsys):
-    quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
+def test_benchmark_scripts_run(dense_path, mote_dir, moe_dir, capsys):
+    quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01", "--base", dense_path]
     mote = run_repo_script("benchmarks/bench_mote.py", *quick, "--model", mote_dir, capsys=capsys)
     assert mote.strip().splitlines()[-1].startswith("| 2 | 16 |")
     moe = run_repo_script("benchmarks/bench_moe.py", *quick, "--model", moe_dir, capsys=capsys)
     row = moe.strip().splitlines()[-1]
     assert row.startswith("| 2 | 16 |") and row.count("|") == 9
     aea = run_repo_script("benchmarks/bench_aea.py", *quick, "--calibration-texts", "4", capsys=capsys)
-    rows = [line for line in aea.splitlines() if line.startswith("| MoE MiniLM |") or line.startswith("| OLMoE")]
-    assert len(rows) == 4 and rows[0].startswith("| MoE MiniLM | 2 | 16 |") and "calibration" in rows[1]
+    name = f"| MoE {Path(dense_path).name} |"
+    rows = [line for line in aea.splitlines() if line.startswith(name) or line.startswith("| OLMoE")]
+    assert len(rows) == 4 and rows[0].startswith(f"{name} 2 | 16 |") and "calibration" in rows[1]
     assert all(row.count("|") == 8 for row in rows)  # the expert-rows column too
 
 
@@ -54,8 +56,8 @@ def test_batch_of_mixes_every_task_or_takes_the_given(mote_model):
 
 
 @pytest.mark.slow
-def test_serving_benchmark_runs(capsys):
-    quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
+def test_serving_benchmark_runs(dense_path, capsys):
+    quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01", "--base", dense_path]
     fresh = ["--fresh-rounds", "1", "--fresh-batch-sizes", "2"]
     args = [*quick, *fresh, "--families", "dense,mote,mote-one-task", "--accuracy", "--data-dir", str(FIXTURE_DATA)]
     out = run_repo_script("benchmarks/bench_serving.py", *args, capsys=capsys)
@@ -164,8 +166,8 @@ def test_onnx_encoder_is_scored_by_mteb_as_its_sentence_transformer(trained_mote
 
 
 @pytest.mark.slow
-def test_int8_graphs_benchmark_runs(capsys):
-    quick = ["--batch-sizes", "2", "--seq-lens", "8", "--repeats", "1", "--min-time", "0.01"]
+def test_int8_graphs_benchmark_runs(dense_path, capsys):
+    quick = ["--batch-sizes", "2", "--seq-lens", "8", "--repeats", "1", "--min-time", "0.01", "--base", dense_path]
     out = run_repo_script("benchmarks/int8_graphs.py", *quick, capsys=capsys)
     header = next(line for line in out.splitlines() if line.startswith("| batch"))
     assert "| package int8 |" in header and "| dynamo int8 |" in header and "| package, keys copied int8 |" in header
@@ -184,8 +186,10 @@ def test_ort_kernels_benchmark_runs(capsys):
     assert len(rows) == 1 and all(float(v.rstrip(" |")) > 0 for v in rows[0][2:])
 
 
-def test_int8_settings_script_runs(capsys):
-    out = run_repo_script("benchmarks/int8_settings.py", "--data-dir", str(FIXTURE_DATA), "--texts", "4", capsys=capsys)
+@pytest.mark.slow
+def test_int8_settings_script_runs(dense_path, capsys):
+    args = ["--data-dir", str(FIXTURE_DATA), "--texts", "4", "--base", dense_path]
+    out = run_repo_script("benchmarks/int8_settings.py", *args, capsys=capsys)
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| QInt8") or line.startswith("| QUInt8")]
     assert len(rows) == 6
     for row in rows:  # min and mean cosine of int8 to fp32 embeddings
@@ -205,7 +209,7 @@ def test_compile_benchmark_runs(mote_dir, capsys):
 
 
 @pytest.mark.slow
-def test_training_benchmark_runs(tmp_path, capsys):
+def test_training_benchmark_runs(dense_path, tmp_path, capsys):
     import json
 
     pairs = tmp_path / "pairs.jsonl"
@@ -227,6 +231,8 @@ def test_training_benchmark_runs(tmp_path, capsys):
         "1",
         "--pairs",
         str(pairs),
+        "--base",
+        dense_path,
         capsys=capsys,
     )
     rows = out.strip().splitlines()[-2:]
@@ -260,8 +266,8 @@ def test_comoe_flop_bound_for_minilm_shapes():
 
 
 @pytest.mark.slow
-def test_comoe_benchmark_runs(comoe_dir, capsys):
-    quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01"]
+def test_comoe_benchmark_runs(dense_path, comoe_dir, capsys):
+    quick = ["--batch-sizes", "2", "--seq-lens", "16", "--repeats", "1", "--min-time", "0.01", "--base", dense_path]
     train = ["--train-steps", "1", "--train-batch", "2", "--train-tokens", "8"]
     out = run_repo_script("benchmarks/bench_comoe.py", *quick, *train, "--model", comoe_dir, capsys=capsys)
     lines = out.strip().splitlines()
@@ -277,8 +283,19 @@ def table_rows(lines, header, count):
 
 
 @pytest.mark.slow
-def test_embed_benchmark_runs(capsys):
-    args = ["--sizes", "40", "--methods", "encode,ray,cli", "--rounds", "1", "--memory-sizes", "20,200"]
+def test_embed_benchmark_runs(dense_path, capsys):
+    args = [
+        "--sizes",
+        "40",
+        "--methods",
+        "encode,ray,cli",
+        "--rounds",
+        "1",
+        "--memory-sizes",
+        "20,200",
+        "--base",
+        dense_path,
+    ]
     args += ["--id-check-sizes", "1000,30000"]
     lines = run_repo_script("benchmarks/bench_embed.py", *args, capsys=capsys).splitlines()
     header = "| rows | encode (rows/s) | ray (rows/s) | ray / best ST | ray-int8 / ray-running |"
