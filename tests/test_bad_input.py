@@ -133,12 +133,19 @@ def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, dense_pat
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(comoe_dir, trust_remote_code=True)
+    from moe_embed.folders import BUNDLED_MODEL_ID
+
+    # the tiny CoMoE folder as if made from the bundled MiniLM: its base named by the Hub id
+    hub_named = tmp_path / "comoe-of-hub-base"
+    shutil.copytree(comoe_dir, hub_named)
+    config = json.loads((hub_named / "config.json").read_text())
+    (hub_named / "config.json").write_text(json.dumps({**config, "base_model_name_or_path": BUNDLED_MODEL_ID}))
+    model = AutoModel.from_pretrained(str(hub_named), trust_remote_code=True)
     randomize_lora_b(model)
     model.save_pretrained(tmp_path / "adapter", adapter_only=True)
     assert not (tmp_path / "adapter" / "model.safetensors").exists()
     settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    assert settings["base_model_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert settings["base_model_name_or_path"] == BUNDLED_MODEL_ID
     with pytest.raises(ValueError, match=r"cannot find the base model .*base_model_name_or_path=FOLDER"):
         AutoModel.from_pretrained(str(tmp_path / "adapter"), trust_remote_code=True)  # offline: no Hub
     adapter = SentenceTransformer(

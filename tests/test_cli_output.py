@@ -51,6 +51,7 @@ def test_help_states_each_default_once_and_the_description_once(module, capsys):
     assert text.count(first) == 1, f"the description's first line appears {text.count(first)} times"
 
 
+@pytest.mark.slow
 def test_own_imports_raise_no_deprecation_warning():
     """sentence-transformers 6 warns on `sentence_transformers.models`; this package imports the new path
     there and the old one only on 5.x."""

@@ -67,7 +67,10 @@ def test_fresh_process_upcycled_equals_dense_and_adapter_equals_full(comoe_dir, 
     # same weights, loaded into tensors at other memory alignments: equal up to kernel rounding
     assert (from_adapter["hidden"] - trained["hidden"]).abs().max() <= 1e-6
     assert (from_adapter["st"] - trained["st"]).abs().max() <= 1e-6
-    assert from_adapter["trainable"] == trained["trainable"] == 1216512  # adapters only: 24 linears
+    config = json.loads((full / "config.json").read_text())
+    experts, rank, hidden = config["num_local_experts"], config["lora_rank"], config["hidden_size"]
+    per_linear = experts * rank * (hidden + hidden) + experts * hidden  # A, B and the router of q, k, v or o
+    assert from_adapter["trainable"] == trained["trainable"] == 4 * config["num_hidden_layers"] * per_linear
 
 
 def test_upcycled_folder_layout(comoe_dir, dense_path):
@@ -75,12 +78,13 @@ def test_upcycled_folder_layout(comoe_dir, dense_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "comoe_bert" and config["auto_map"]["AutoModel"] == "modeling_comoe.CoMoeBertModel"
     assert (config["num_local_experts"], config["num_experts_per_tok"], config["lora_rank"]) == (4, 2, 16)
-    # the bundled MiniLM is named by its Hub id, never by its path inside a virtual environment
-    assert config["base_model_name_or_path"] == "sentence-transformers/all-MiniLM-L6-v2"
+    # a local base is named by its absolute path (the bundled MiniLM by its Hub id: the test below)
+    assert config["base_model_name_or_path"] == str(Path(dense_path).resolve())
     weights = load_file(str(folder / "model.safetensors"))
     dense = load_file(str(Path(dense_path) / "model.safetensors"))
-    assert weights["encoder.layer.2.attention.self.key.lora_A"].shape == (4, 16, 384)
-    assert torch.equal(weights["encoder.layer.2.attention.self.key.lora_B"], torch.zeros(4, 384, 16))
+    hidden = config["hidden_size"]
+    assert weights["encoder.layer.2.attention.self.key.lora_A"].shape == (4, 16, hidden)
+    assert torch.equal(weights["encoder.layer.2.attention.self.key.lora_B"], torch.zeros(4, hidden, 16))
     assert torch.equal(
         weights["encoder.layer.2.attention.self.key.weight"], dense["encoder.layer.2.attention.self.key.weight"]
     )
@@ -90,13 +94,25 @@ def test_upcycled_folder_layout(comoe_dir, dense_path):
     assert "CoMoE-PEFT" in card and "Untrained" in card
 
 
+def test_the_bundled_base_is_named_by_its_hub_id():
+    """Folders made from the bundled MiniLM name it by its Hub id, never by its path inside a virtual environment."""
+    from convert.builders import base_name
+    from convert.upcycle import UpcycleOptions
+    from moe_embed.folders import BUNDLED_MODEL_ID, bundled_minilm_path
+
+    assert base_name(UpcycleOptions(arch="comoe")) == BUNDLED_MODEL_ID
+    assert base_name(UpcycleOptions(arch="comoe", base=bundled_minilm_path())) == BUNDLED_MODEL_ID
+    assert base_name(UpcycleOptions(arch="comoe", base="someone/model")) == "someone/model"
+
+
 def test_adapter_folder_holds_only_adapters(trained_folders, dense_path):
     full, adapter = trained_folders
     assert not (adapter / "model.safetensors").exists()
     tensors = load_file(str(adapter / "adapter_model.safetensors"))
     assert all(k.startswith("base_model.model.encoder.layer.") for k in tensors)
     assert all(k.endswith((".lora_A", ".lora_B", ".router.weight")) for k in tensors)
-    assert len(tensors) == 6 * 4 * 3
+    layers = json.loads((full / "config.json").read_text())["num_hidden_layers"]
+    assert len(tensors) == layers * 4 * 3
     assert (adapter / "adapter_model.safetensors").stat().st_size < 6e6
     settings = json.loads((adapter / "adapter_config.json").read_text())
     # a local base is named relative to the adapter folder: it survives moving the two together
@@ -169,7 +185,7 @@ def test_wrong_or_missing_base_is_a_clear_error_before_weights_are_read(trained_
 
     other = _tiny_dense_base(tmp_path / "other-base", hidden=64)
     mismatched = _edited_adapter(adapter, tmp_path / "mismatched", set_base(str(other)))
-    with pytest.raises(ValueError, match=r"does not fit the adapter.*hidden_size 384 \(adapter\) vs 64 \(base\)"):
+    with pytest.raises(ValueError, match=r"does not fit the adapter.*hidden_size 32 \(adapter\) vs 64 \(base\)"):
         CoMoeBertModel.from_pretrained(str(mismatched))
 
     def other_targets(folder):
@@ -225,8 +241,10 @@ def test_extract_adapter_says_what_it_wrote(trained_folders, tmp_path, capsys):
         (["--moe-layers", "all"], "--moe-layers only apply to --arch moe"),
     ],
 )
-def test_upcycle_comoe_bad_options(tmp_path, capsys, args, message):
-    code, err = run_main(upcycle_main, "--arch", "comoe", "--output", str(tmp_path / "out"), *args, capsys=capsys)
+def test_upcycle_comoe_bad_options(dense_path, tmp_path, capsys, args, message):
+    code, err = run_main(
+        upcycle_main, "--arch", "comoe", "--base", dense_path, "--output", str(tmp_path / "out"), *args, capsys=capsys
+    )
     assert code == 2 and message in err.strip().splitlines()[-1]
     assert not (tmp_path / "out").exists()
 

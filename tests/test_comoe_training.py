@@ -48,7 +48,8 @@ def test_comoe_training_changes_only_adapters(tmp_path, dense_path):
         assert torch.equal(tensor, dense[key]), key  # the frozen base, bit for bit
     for suffix in ADAPTER_SUFFIXES:
         keys = [k for k in trained if k.endswith(suffix)]
-        assert len(keys) == 24 and all(not torch.equal(trained[k], initial[k]) for k in keys), suffix
+        layers = json.loads((Path(dense_path) / "config.json").read_text())["num_hidden_layers"]
+        assert len(keys) == 4 * layers and all(not torch.equal(trained[k], initial[k]) for k in keys), suffix
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["model_type"] == "comoe_bert" and config["contrastive_loss_coef"] == 0.01
 
@@ -56,7 +57,6 @@ def test_comoe_training_changes_only_adapters(tmp_path, dense_path):
 @pytest.mark.slow
 def test_comoe_folder_trains_and_saves_adapter_only(tmp_path, comoe_dir, dense_path):
     from modeling.modeling_comoe import CoMoeBertModel
-    from moe_embed.folders import BUNDLED_MODEL_ID
 
     path = _config(tmp_path, model=comoe_dir, trust_remote_code=True, save_adapter_only=True)
     trained_model = train_main(["--config", str(path)])
@@ -69,8 +69,11 @@ def test_comoe_folder_trains_and_saves_adapter_only(tmp_path, comoe_dir, dense_p
     assert not (out / "model.safetensors").exists()
     tensors = load_file(str(out / "adapter_model.safetensors"))
     assert tensors and all(k.startswith("base_model.model.") and k.endswith(ADAPTER_SUFFIXES) for k in tensors)
-    # the adapter names its base by the Hub id (the bundled MiniLM's); offline, the local copy is named here
-    assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == BUNDLED_MODEL_ID
+    # the adapter names the base the CoMoE folder names (a local folder by its path, the bundled MiniLM by its Hub id:
+    # then, offline, the local copy is named at load time, as here)
+    base = json.loads((Path(comoe_dir) / "config.json").read_text())["base_model_name_or_path"]
+    named = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert (out / named).resolve() == Path(base).resolve()  # relative to the adapter folder: it survives a move
     model = CoMoeBertModel.from_pretrained(str(out), base_model_name_or_path=dense_path)
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, upcycled.get_parameter(n))]
     assert changed and all(n.endswith(ADAPTER_SUFFIXES) for n in changed)
@@ -89,7 +92,7 @@ def test_lora_baseline_is_saved_merged_as_a_plain_model(tmp_path, dense_path):
     # 'output.dense' selects both output projections (peft's rule), 'value' the value projection
     expected = {
         f"encoder.layer.{i}.{name}.weight"
-        for i in range(6)
+        for i in range(json.loads((Path(dense_path) / "config.json").read_text())["num_hidden_layers"])
         for name in ("attention.self.value", "attention.output.dense", "output.dense")
     }
     assert changed == expected

@@ -44,7 +44,8 @@ def test_portable_module_files_load_alike_on_sentence_transformers_6(mote_dir, t
         "sentence_transformers.models.Normalize",
     ]
     pooling = read_json(tmp_path / "resaved" / "1_Pooling" / "config.json")
-    assert pooling["word_embedding_dimension"] == 384 and pooling["pooling_mode_mean_tokens"] is True
+    hidden = read_json(f"{mote_dir}/config.json")["hidden_size"]
+    assert pooling["word_embedding_dimension"] == hidden and pooling["pooling_mode_mean_tokens"] is True
     reloaded = SentenceTransformer(str(tmp_path / "resaved"), trust_remote_code=True)
     for kwargs in ({}, {"task": "clustering"}, {"prompt_name": "query"}):
         assert torch.equal(

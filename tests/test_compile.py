@@ -3,16 +3,12 @@
 import pytest
 import torch
 import torch._dynamo
-from conftest import tiny_family_model, tiny_mote_config
+from conftest import tiny_family_model, tiny_mote_config, tiny_prefix_ids
 
 from modeling.modeling_mote import MoteBertModel
 
-PREFIXES = [
-    [101, 3945, 1035, 23032, 1024],  # search_query:
-    [101, 3945, 1035, 6254, 1024],  # search_document:
-    [101, 5579, 1024],  # classification:
-    [101, 9324, 2075, 1024],  # clustering:
-]
+# search_query:, search_document:, classification:, clustering: (with [CLS]), in the tasks' order
+PREFIXES = list(tiny_prefix_ids().values())
 
 
 class CountingBackend:
@@ -28,7 +24,7 @@ class CountingBackend:
 
 def mixed_batch(tasks: list[int], seq_len: int = 12) -> dict:
     generator = torch.Generator().manual_seed(len(tasks) * 10 + sum(tasks))
-    ids = torch.randint(2000, 8000, (len(tasks), seq_len), generator=generator)
+    ids = torch.randint(1000, 2000, (len(tasks), seq_len), generator=generator)  # none starts a prefix
     for row, task in enumerate(tasks):
         ids[row, : len(PREFIXES[task])] = torch.tensor(PREFIXES[task])
     mask = torch.ones_like(ids)

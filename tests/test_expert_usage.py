@@ -102,7 +102,8 @@ def test_cli_writes_tables_json_and_plot(trained_comoe, fixture_data, tmp_path, 
     )
     assert code == 0, err
     saved = json.loads((tmp_path / "usage.json").read_text())
-    assert list(saved) == ["STSBenchmark", "SciFact"] and len(saved["SciFact"]) == 6
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    assert list(saved) == ["STSBenchmark", "SciFact"] and len(saved["SciFact"]) == layers  # one row a layer
     assert all(row["cosine"] is not None and row["tokens"] > 0 for rows in saved.values() for row in rows)
     assert (tmp_path / "usage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -23,7 +23,7 @@ def folder(request, dense_path, tmp_path_factory):
     from convert.upcycle import main
 
     out = tmp_path_factory.mktemp("graph-prompts") / "mote"
-    main(["--output", str(out), *(["--prefix-routes-only"] if request.param else [])])
+    main(["--base", dense_path, "--output", str(out), *(["--prefix-routes-only"] if request.param else [])])
     trained = tmp_path_factory.mktemp("graph-prompts") / "trained"
     save_trained_copy(str(out), trained, seed=3)  # experts differ: a wrong route shows
     model = SentenceTransformer(str(trained), trust_remote_code=True)

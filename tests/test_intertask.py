@@ -52,7 +52,7 @@ def test_welch_less_matches_the_textbook_formula():
 
 @pytest.fixture(scope="module")
 def ic_dir(tmp_path_factory, dense_path, mote_dir):
-    """The dense MiniLM with MoTE's prompts: instruction conditioning with the same inputs."""
+    """The dense model with MoTE's prompts: instruction conditioning with the same inputs."""
     out = tmp_path_factory.mktemp("ic") / "ic"
     save_dense_with_prompts(mote_dir, out, base=dense_path)
     return str(out)

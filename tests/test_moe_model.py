@@ -17,7 +17,8 @@ IMPLEMENTATIONS = ["eager", "batched_mm", "grouped_mm"]
 @pytest.mark.parametrize("router", ["zeros", "random"])
 def test_upcycled_equals_dense_whatever_the_router(moe_dir, dense_model, tokenizer, router):
     model = MoeBertModel.from_pretrained(moe_dir).eval()
-    assert model.config.norm_topk_prob and model.config.moe_layers == [1, 3, 5]
+    layers = model.config.num_hidden_layers
+    assert model.config.norm_topk_prob and model.config.moe_layers == list(range(1, layers, 2))
     torch.manual_seed(1)
     with torch.no_grad():
         for layer in model.config.moe_layers:
@@ -31,7 +32,7 @@ def test_upcycled_equals_dense_whatever_the_router(moe_dir, dense_model, tokeniz
     assert (out.last_hidden_state - expected.last_hidden_state)[mask].abs().max() <= 1e-5
     assert (out.pooler_output - expected.pooler_output).abs().max() <= 1e-5
     # router logits cover the non-padding tokens only
-    assert [tuple(logits.shape) for logits in out.router_logits] == [(int(mask.sum()), 8)] * 3
+    assert [tuple(logits.shape) for logits in out.router_logits] == [(int(mask.sum()), 8)] * len(range(1, layers, 2))
 
 
 def _random_batch():
@@ -197,18 +198,17 @@ def test_round_trip_through_a_fresh_process(moe_dir, tmp_path):
         assert torch.equal(torch.tensor(values), st.encode(TEXTS, prompt_name=name, convert_to_tensor=True)), name
 
 
-@pytest.mark.slow
 def test_sentence_transformers_prompts_and_truncate_dim(moe_dir, dense_path):
     st = SentenceTransformer(moe_dir, trust_remote_code=True)
     assert {"query", "document", "passage", "classification", "clustering", "STS", "Clustering"} <= set(st.prompts)
     dense = SentenceTransformer(dense_path)
     got = st.encode_query(TEXTS, convert_to_tensor=True)
     assert (got - dense.encode(["search_query: " + t for t in TEXTS], convert_to_tensor=True)).abs().max() <= 1e-5
-    small = SentenceTransformer(moe_dir, trust_remote_code=True, truncate_dim=128)
+    small = SentenceTransformer(moe_dir, trust_remote_code=True, truncate_dim=16)
     truncated = small.encode_document(TEXTS, convert_to_tensor=True)
     full = st.encode_document(TEXTS, convert_to_tensor=True)
-    assert truncated.shape == (len(TEXTS), 128)
-    assert torch.allclose(truncated, full[:, :128], atol=1e-6)
+    assert truncated.shape == (len(TEXTS), 16) and full.shape[1] > 16
+    assert torch.allclose(truncated, full[:, :16], atol=1e-6)
 
 
 def test_router_is_fp32_under_autocast_and_all_padding_gives_zero_aux_loss():

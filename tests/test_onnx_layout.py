@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime
 import pytest
-from conftest import TEXTS, client_feed
+from conftest import TEXTS, client_feed, read_json
 
 from convert.onnx_layout import eager_attention, flatten_layer_norms, transposed_operands_in_matmul
 
@@ -48,26 +48,32 @@ def weight_matmuls(path: Path) -> int:
 @pytest.mark.parametrize("family", ["mote", "moe", "comoe"])
 def test_exported_graphs_avoid_the_slow_kernels(family, mote_onnx, moe_onnx, comoe_onnx, tmp_path):
     folder = {"mote": mote_onnx, "moe": moe_onnx, "comoe": comoe_onnx}[family]
+    config = read_json(folder / "config.json")
+    layers = config["num_hidden_layers"]
+    expert_layers = len(config.get("expert_layers") or config.get("moe_layers") or [])
     for file in ("onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"):
         ops = optimized_ops(folder / file, tmp_path)
         assert ops["SkipLayerNormalization"] == 0, (file, ops)
         assert ops["IsNaN"] == 0, (file, ops)  # sdpa's guard for fully masked rows: eager attention has none
-        assert ops["LayerNormalization"] >= 13, (file, ops)  # the embeddings' and two per layer of six
+        assert ops["LayerNormalization"] >= 1 + 2 * layers, (file, ops)  # the embeddings' and two per layer
     # attention's keys, (batch, seq, heads, dim) to (batch, heads, dim, seq), are read transposed by the int8
     # graph's FusedMatMul (`transposed_operands_in_matmul`): no transpose of every element moves the innermost axis
     assert innermost_axis_moves(optimized(folder / "onnx/model_qint8_avx512_vnni.onnx", tmp_path)) == []
-    assert len(innermost_axis_moves(optimized(folder / "onnx/model.onnx", tmp_path))) == 6  # standard ONNX: one a layer
+    # standard ONNX: one a layer
+    assert len(innermost_axis_moves(optimized(folder / "onnx/model.onnx", tmp_path))) == layers
     fp32 = weight_matmuls(folder / "onnx/model.onnx")
-    # six per layer (query, key, value, attention output, the feed-forward pair), and in each of the three expert
-    # layers one feed-forward pair per expert (MoTE: 4 tasks, MoE: 8 experts)
-    expected = {"mote": 6 * 6 + 3 * (4 - 1) * 2, "moe": 6 * 6 + 3 * (8 - 1) * 2}
-    # CoMoE: each of its 24 linears adds the A and the B product of its LoRA experts
-    expected = {**expected, "comoe": 6 * 6 + 24 * 2}
+    # six per layer (query, key, value, attention output, the feed-forward pair), and in each expert layer one
+    # feed-forward pair per further expert (MoTE: 4 tasks, MoE: 8 experts)
+    experts = {"mote": len(config.get("tasks") or []), "moe": config.get("num_local_experts")}
+    expected = {family: 6 * layers + expert_layers * (count - 1) * 2 for family, count in experts.items() if count}
+    # CoMoE: each of its linears (four a layer: query, key, value, attention output) adds the A and the B product
+    # of its LoRA experts
+    expected = {**expected, "comoe": 6 * layers + 4 * layers * 2}
     assert fp32 == expected[family]
     int8 = onnx.load(str(folder / "onnx/model_qint8_avx512_vnni.onnx"))
     assert Counter(n.op_type for n in int8.graph.node)["MatMulInteger"] == fp32  # every weight MatMul in int8
     weights = {t.name for t in int8.graph.initializer}
-    routers = {"mote": 0, "moe": 3, "comoe": 24}[family]  # fp32: one per MoE layer, one per CoMoE linear
+    routers = {"mote": 0, "moe": expert_layers, "comoe": 4 * layers}[family]  # fp32: one per MoE layer or linear
     assert sum(n.op_type in ("MatMul", "Gemm") and n.input[1] in weights for n in int8.graph.node) == routers
 
 
@@ -75,17 +81,18 @@ def test_routed_mote_graph_splits_each_expert_layer_once(mote_onnx, tmp_path):
     """MoTE's experts read their runs of the sorted batch from one `Split` per expert layer, flattened to
     (tokens, hidden): no per-expert `NonZero` + `Gather`, and the experts' LayerNorms need no reshaping; the
     prompts are read once."""
+    expert_layers = read_json(mote_onnx / "config.json")["expert_layers"]
     for file in ("onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"):
         ops = optimized_ops(mote_onnx / file, tmp_path)
         assert ops["NonZero"] == 0, (file, ops)
-        assert ops["Split"] >= 3, (file, ops)  # one per expert layer (and any onnxruntime fuses elsewhere)
+        assert ops["Split"] >= len(expert_layers), (file, ops)  # one per expert layer (and any onnxruntime fuses)
         # the prompts are read once, every prefix at once (`detect_task_ids`), by the graph's input step: the model
         # behind it does not read them again
         assert ops["ArgMax"] == 1, (file, ops)
     model = onnx.load(str(mote_onnx / "onnx/model.onnx"))
     produced_by = {output: node for node in model.graph.node for output in node.output}
     expert_norms = [n for n in model.graph.node if n.op_type == "LayerNormalization" and ".experts." in n.input[1]]
-    assert len(expert_norms) == 3 * 4 * 2  # three expert layers, four tasks, two norms per expert
+    assert len(expert_norms) == len(expert_layers) * 4 * 2  # four tasks, two norms per expert
     assert all(produced_by[n.input[0]].op_type != "Reshape" for n in expert_norms)
 
 

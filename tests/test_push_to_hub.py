@@ -18,18 +18,12 @@ TOKEN = "hf_secretTestToken0123456789"
 
 @pytest.fixture(scope="module")
 def tiny_mote_dir(tmp_path_factory, dense_path):
-    """A small MoTE folder (random 2-layer BERT with the MiniLM tokenizer), quick to upload."""
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
+    """The tiny model, copied beside its MoTE upcycling (the adapter test names it as a local base)."""
     from convert.upcycle import main as upcycle
 
     root = tmp_path_factory.mktemp("push")
     source = root / "tiny-bert"
-    config = BertConfig(
-        vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
-    )
-    BertModel(config).save_pretrained(source)
-    AutoTokenizer.from_pretrained(dense_path).save_pretrained(source)
+    shutil.copytree(dense_path, source)
     upcycle(["--base", str(source), "--output", str(root / "tiny-mote")])
     return root / "tiny-mote"
 

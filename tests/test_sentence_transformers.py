@@ -82,7 +82,6 @@ def _routed_by(model, texts, prompt_name, **kwargs):
     return matches
 
 
-@pytest.mark.slow
 def test_each_entry_point_routes_to_its_expert(st_mote_specialised):
     model = st_mote_specialised
     assert _routed_by(model, TEXTS, "clustering") == ["clustering"]
@@ -123,10 +122,10 @@ def test_task_without_prefix_option(mote_dir):
     assert not torch.allclose(with_task, model.encode(TEXTS, task="document", convert_to_tensor=True), atol=1e-3)
 
 
-def test_prefix_routes_only_folder_embeds_plain_text_as_the_dense_model(tmp_path, st_dense):
+def test_prefix_routes_only_folder_embeds_plain_text_as_the_dense_model(dense_path, tmp_path, st_dense):
     from convert.upcycle import UpcycleOptions, upcycle
 
-    folder = upcycle(UpcycleOptions(output=tmp_path / "route-only", prefix_routes_only=True))
+    folder = upcycle(UpcycleOptions(base=dense_path, output=tmp_path / "route-only", prefix_routes_only=True))
     model = SentenceTransformer(str(folder), trust_remote_code=True)
     assert model[0].prepend_task_prefix is False
     reference = st_dense.encode(TEXTS, convert_to_tensor=True)

@@ -106,6 +106,11 @@ def test_openvino_reads_the_graph_and_embeds_as_pytorch(family, request):
 
     int8 = core.read_model(str(folder / "openvino/openvino_model_qint8_quantized.xml"))
     routers = [op for op in int8.get_ops() if is_router(op)]
-    assert len(routers) == {"mote": 0, "moe": 3, "comoe": 24}[family]
+    config = json.loads((folder / "config.json").read_text())
+    # none in MoTE, one per MoE layer, one per CoMoE linear (four a layer)
+    assert (
+        len(routers)
+        == {"mote": 0, "moe": len(config.get("moe_layers", [])), "comoe": 4 * config["num_hidden_layers"]}[family]
+    )
     for op in routers:
         assert all(v.get_node().get_type_name() != "FakeQuantize" for v in op.input_values()), op.get_friendly_name()

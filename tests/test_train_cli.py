@@ -1,6 +1,7 @@
 """training.train: the task registry reaches the losses, prompts and batches; bad configs exit 2."""
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -99,11 +100,12 @@ def test_loss_options_build_the_configured_losses(workdir, mote_dir):
     from sentence_transformers.sentence_transformer import losses as st_losses
 
     model = SentenceTransformer(mote_dir, trust_remote_code=True)
-    options = {"cached_mini_batch_size": 3, "matryoshka_dims": [384, 64], "gather_across_devices": True}
+    dims = [model.get_embedding_dimension(), 16]
+    options = {"cached_mini_batch_size": 3, "matryoshka_dims": dims, "gather_across_devices": True}
     config = load_config(_config(workdir, mote_dir, loss=options))
     _, losses, _ = build_entries(config, read_datasets(config, workdir), model)
     for entry, loss in losses.items():
-        assert isinstance(loss, st_losses.MatryoshkaLoss) and list(loss.matryoshka_dims) == [384, 64]
+        assert isinstance(loss, st_losses.MatryoshkaLoss) and list(loss.matryoshka_dims) == dims
         inner = loss.loss
         assert isinstance(inner, st_losses.CachedMultipleNegativesRankingLoss)
         assert inner.mini_batch_size == 3 and inner.gather_across_devices
@@ -118,10 +120,11 @@ def test_loss_options_build_the_configured_losses(workdir, mote_dir):
 
 @pytest.mark.slow
 def test_cli_trains_and_saves_with_gradcache_and_matryoshka(workdir, mote_dir):
-    loss = {"cached_mini_batch_size": 2, "matryoshka_dims": [384, 64]}
+    hidden = json.loads((Path(mote_dir) / "config.json").read_text())["hidden_size"]
+    loss = {"cached_mini_batch_size": 2, "matryoshka_dims": [hidden, 16]}
     train_main(["--config", str(_config(workdir, mote_dir, loss=loss, max_seq_length=16))])
     trained = SentenceTransformer(str(workdir / "out"), trust_remote_code=True)
-    assert trained.encode_query(["question 1"]).shape == (1, 384)
+    assert trained.encode_query(["question 1"]).shape == (1, hidden)
     assert trained.max_seq_length == SentenceTransformer(mote_dir, trust_remote_code=True).max_seq_length
     before = SentenceTransformer(mote_dir, trust_remote_code=True)
     changed = {

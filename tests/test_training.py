@@ -137,7 +137,8 @@ def test_with_aux_loss_around_matryoshka_adds_aux_once(moe_dir):
     from training.losses import WithAuxLoss
 
     model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
-    matryoshka = MatryoshkaLoss(model, MultipleNegativesRankingLoss(model), matryoshka_dims=[384, 128])
+    dims = [model.get_embedding_dimension(), 16]
+    matryoshka = MatryoshkaLoss(model, MultipleNegativesRankingLoss(model), matryoshka_dims=dims)
     loss = WithAuxLoss(matryoshka)
 
     def features():

@@ -60,7 +60,8 @@ def test_default_run_writes_a_complete_folder(mote_dir, dense_path):
         "AutoConfig": "configuration_mote.MoteBertConfig",
         "AutoModel": "modeling_mote.MoteBertModel",
     }
-    assert config["expert_layers"] == [1, 3, 5] and config["tasks"] == [
+    layers = read_json(Path(dense_path) / "config.json")["num_hidden_layers"]
+    assert config["expert_layers"] == list(range(1, layers, 2)) and config["tasks"] == [
         "query",
         "document",
         "classification",
@@ -77,7 +78,7 @@ def test_default_run_writes_a_complete_folder(mote_dir, dense_path):
     # every expert of every expert layer is the dense FFN
     dense = load_file(str(Path(dense_path) / "model.safetensors"))
     mote = load_file(str(folder / "model.safetensors"))
-    for layer in (1, 3, 5):
+    for layer in config["expert_layers"]:
         for expert in range(4):
             assert torch.equal(
                 mote[f"encoder.layer.{layer}.experts.{expert}.intermediate.dense.weight"],
@@ -105,12 +106,14 @@ def test_existing_output_is_refused_without_overwrite(mote_dir):
     assert _tree_digest(Path(mote_dir)) == before
 
 
-def test_overwrite_replaces_atomically(tmp_path, capsys):
+def test_overwrite_replaces_atomically(dense_path, tmp_path, capsys):
     out = tmp_path / "m"
     out.mkdir()
     (out / "stale.txt").write_text("old")
     code, err = upcycle(
         capsys,
+        "--base",
+        dense_path,
         "--output",
         str(out),
         "--overwrite",
@@ -123,7 +126,8 @@ def test_overwrite_replaces_atomically(tmp_path, capsys):
     )
     assert code == 0, err
     assert not (out / "stale.txt").exists()
-    assert read_json(out / "config.json")["expert_layers"] == [0, 1, 2, 3, 4, 5]
+    layers = read_json(Path(dense_path) / "config.json")["num_hidden_layers"]
+    assert read_json(out / "config.json")["expert_layers"] == list(range(layers))
     assert read_json(out / "config_sentence_transformers.json")["prompts"] == {
         "query": "search_query: ",
         "document": "search_document: ",
@@ -132,13 +136,13 @@ def test_overwrite_replaces_atomically(tmp_path, capsys):
     assert _leftovers(tmp_path) == []
 
 
-def test_routing_defaults_strict_and_custom(tmp_path, capsys):
+def test_routing_defaults_strict_and_custom(dense_path, tmp_path, capsys):
     strict = tmp_path / "strict"
-    assert upcycle(capsys, "--output", str(strict), "--strict-routing")[0] == 0
+    assert upcycle(capsys, "--base", dense_path, "--output", str(strict), "--strict-routing")[0] == 0
     assert read_json(strict / "config.json")["default_task"] is None
     assert read_json(strict / "config_sentence_transformers.json")["default_prompt_name"] is None
     custom = tmp_path / "custom"
-    assert upcycle(capsys, "--output", str(custom), "--default-task", "passage")[0] == 0
+    assert upcycle(capsys, "--base", dense_path, "--output", str(custom), "--default-task", "passage")[0] == 0
     assert read_json(custom / "config.json")["default_task"] == "document"
     assert read_json(custom / "config_sentence_transformers.json")["default_prompt_name"] is None
     card = (custom / "README.md").read_text()
@@ -217,14 +221,13 @@ def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage
     assert _tree_digest(source) == before  # the input is never touched
 
 
-@pytest.mark.slow
-def test_missing_base_folder_and_help(tmp_path, capsys):
+def test_missing_base_folder_and_help(dense_path, tmp_path, capsys):
     code, err = upcycle(capsys, "--base", str(tmp_path / "nonexistent"), "--output", str(tmp_path / "out"))
     assert code == 2 and "no model folder" in err.splitlines()[-1]  # a local path never goes to the Hub
     code, err = upcycle(capsys, "--base", "someone/no-such-model", "--output", str(tmp_path / "out"))
     assert code == 2 and "could not be fetched from the Hub" in err.splitlines()[-1]  # a Hub id, offline
     assert not (tmp_path / "out").exists()
-    code, err = upcycle(capsys, "--output", str(tmp_path / "out"), "--max-shard-size", "abc")
+    code, err = upcycle(capsys, "--base", dense_path, "--output", str(tmp_path / "out"), "--max-shard-size", "abc")
     assert code == 2 and "expected a size such as 2GB" in err
     help_text = run_script("convert/upcycle.py", "--help")
     assert help_text.returncode == 0
@@ -292,14 +295,13 @@ def test_roberta_checkpoint_upcycles_to_its_own_function(dense_path, tmp_path, c
     assert diff.abs().max() <= 1e-5
 
 
-@pytest.mark.slow
 def test_sharded_source_sharded_output_and_dtype(dense_path, dense_model, tokenizer, tmp_path, capsys):
     source = tmp_path / "sharded-dense"
-    dense_model.save_pretrained(source, max_shard_size="30MB")
+    dense_model.save_pretrained(source, max_shard_size="100KB")
     tokenizer.save_pretrained(source)
     assert (source / "model.safetensors.index.json").exists()
     out = tmp_path / "mote"
-    code, err = upcycle(capsys, "--base", str(source), "--output", str(out), "--max-shard-size", "50MB")
+    code, err = upcycle(capsys, "--base", str(source), "--output", str(out), "--max-shard-size", "150KB")
     assert code == 0, err
     assert (out / "model.safetensors.index.json").exists() and len(list(out.glob("model-*.safetensors"))) > 1
     from modeling.modeling_mote import MoteBertModel
@@ -310,7 +312,7 @@ def test_sharded_source_sharded_output_and_dtype(dense_path, dense_model, tokeni
         assert (mote(**batch).last_hidden_state - dense_model(**batch).last_hidden_state).abs().max() <= 1e-5
 
     half = tmp_path / "mote-bf16"
-    code, err = upcycle(capsys, "--output", str(half), "--dtype", "bfloat16")
+    code, err = upcycle(capsys, "--base", dense_path, "--output", str(half), "--dtype", "bfloat16")
     assert code == 0, err
     assert {t.dtype for t in load_file(str(half / "model.safetensors")).values()} == {torch.bfloat16}
     assert read_json(half / "config.json")["dtype"] == "bfloat16"
@@ -320,7 +322,9 @@ def test_moe_folder_and_options(moe_dir, tmp_path, capsys, dense_path):
     folder = Path(moe_dir)
     config = read_json(folder / "config.json")
     assert config["model_type"] == "moe_bert" and config["auto_map"]["AutoModel"] == "modeling_moe.MoeBertModel"
-    assert (config["num_local_experts"], config["num_experts_per_tok"], config["moe_layers"]) == (8, 2, [1, 3, 5])
+    dense_config = read_json(Path(dense_path) / "config.json")
+    layers = list(range(1, dense_config["num_hidden_layers"], 2))
+    assert (config["num_local_experts"], config["num_experts_per_tok"], config["moe_layers"]) == (8, 2, layers)
     assert read_json(folder / "modules.json")[0]["type"] == "st_moe.MoeTransformer"
     assert {"st_moe.py", "modeling_moe.py", "configuration_moe.py", "modeling_encoder.py"} <= {
         p.name for p in folder.iterdir()
@@ -329,7 +333,8 @@ def test_moe_folder_and_options(moe_dir, tmp_path, capsys, dense_path):
     weights = load_file(str(folder / "model.safetensors"))
     dense = load_file(str(Path(dense_path) / "model.safetensors"))
     up = weights["encoder.layer.3.mlp.experts.up_proj"]
-    assert up.shape == (8, 1536, 384) and all(
+    hidden, intermediate = dense_config["hidden_size"], dense_config["intermediate_size"]
+    assert up.shape == (8, intermediate, hidden) and all(
         torch.equal(up[e], dense["encoder.layer.3.intermediate.dense.weight"]) for e in range(8)
     )
     assert torch.equal(
@@ -342,6 +347,8 @@ def test_moe_folder_and_options(moe_dir, tmp_path, capsys, dense_path):
         capsys,
         "--arch",
         "moe",
+        "--base",
+        dense_path,
         "--output",
         str(out),
         "--num-experts",
@@ -359,7 +366,7 @@ def test_moe_folder_and_options(moe_dir, tmp_path, capsys, dense_path):
     )
     assert code == 0, err
     noisy = load_file(str(out / "model.safetensors"))
-    assert torch.equal(noisy["encoder.layer.0.mlp.router.weight"], torch.zeros(4, 384))
+    assert torch.equal(noisy["encoder.layer.0.mlp.router.weight"], torch.zeros(4, hidden))
     up = noisy["encoder.layer.0.mlp.experts.up_proj"]
     assert not torch.equal(up[0], up[1])
     assert (up[0] - dense["encoder.layer.0.intermediate.dense.weight"]).std().item() == pytest.approx(0.01, rel=0.05)
@@ -373,7 +380,7 @@ def test_moe_folder_and_options(moe_dir, tmp_path, capsys, dense_path):
         (["--expert-noise", "-1"], "--expert-noise must be >= 0"),
     ],
 )
-def test_moe_bad_options(tmp_path, capsys, args, message):
-    code, err = upcycle(capsys, "--arch", "moe", "--output", str(tmp_path / "out"), *args)
+def test_moe_bad_options(dense_path, tmp_path, capsys, args, message):
+    code, err = upcycle(capsys, "--arch", "moe", "--base", dense_path, "--output", str(tmp_path / "out"), *args)
     assert code == 2 and message in err.strip().splitlines()[-1]
     assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
