@@ -58,7 +58,10 @@ def check_against_encode(runner, model, tokenizer, task: str | None) -> float:
     config = model[0].auto_model.config
     prompts = dict(model.prompts or {})
     cases = [(None, "")] if task or getattr(config, "default_task", True) is not None else []  # strict: no
-    for name, prompt in prompts.items():  # a one-task graph is sent its own task's prompt (by its text) or none
+    distinct = {}  # a prompt text once (names with the same text embed alike): under its first name
+    for name, prompt in prompts.items():
+        distinct.setdefault(prompt, name)
+    for prompt, name in distinct.items():  # a one-task graph is sent its own task's prompt (by its text) or none
         if not task or config.task_of_prefix(prompt) == task:
             cases.append((name, prompt))
     for name, prompt in cases:

@@ -148,11 +148,21 @@ def run_graph(path_or_session, inputs: dict) -> list:
 
 
 def embed(runner, tokenizer, texts: list[str], batch_size: int = 32):
-    """`sentence_embedding` of `texts` fed as a client feeds them (tokenised by `tokenizer`), in batches."""
+    """`sentence_embedding` of `texts` fed as a client feeds them (tokenised by `tokenizer`), in batches of
+    similar length, longest first, as `SentenceTransformer.encode` batches them: a long text pads only its own
+    batch (a batch of short texts with one long one costs what a batch of long ones does)."""
     import numpy as np
 
+    lengths = [sum(encoding.attention_mask) for encoding in tokenizer.encode_batch(texts)]
+    order = sorted(range(len(texts)), key=lambda i: -lengths[i])
+    ordered = [texts[i] for i in order]
     batches = range(0, len(texts), batch_size)
-    return np.concatenate([run_graph(runner, graph_inputs(tokenizer, texts[i : i + batch_size]))[0] for i in batches])
+    vectors = np.concatenate(
+        [run_graph(runner, graph_inputs(tokenizer, ordered[i : i + batch_size]))[0] for i in batches]
+    )
+    result = np.empty_like(vectors)
+    result[order] = vectors
+    return result
 
 
 def build_graph(folder: Path, st, task: str | None = None) -> SentenceEmbeddingGraph:
