@@ -1,6 +1,8 @@
-"""The documentation runs: every code block of README.md runs as written, in the order shown, in a fresh folder
-(the data fixtures standing in for the data folder), and every command in the bash blocks of `docs/` is
-accepted by its own argument parser, so a renamed or removed option fails here."""
+"""The documentation runs: every code block of README.md and docs/*.md runs as written, in the order shown, in a
+fresh folder per page (the data fixtures standing in for the data folder), unless the line before it says why
+it is not run (`<!-- not run: REASON -->`, or `<!-- code blocks not run: REASON -->` once for a page of
+reproduction commands); every command of this package in a bash block, run or not, is accepted by its own
+argument parser, so a renamed or removed option fails here; a YAML block is a training config that loads."""
 
 import argparse
 import os
@@ -16,13 +18,29 @@ from conftest import FIXTURE_DATA, REPO
 # The README's first block: the two commands that set up an environment. The test command runs this very test,
 # and both install packages, so they are run by CI (`.ci/run`) and in a fresh clone, not here.
 SETUP_COMMANDS = {"bash scripts/demo.sh", "bash scripts/test.sh"}
-# what README commands read from the repository (they run from a scratch folder that links to these)
+# what documented commands read from the repository (they run from a scratch folder that links to these)
 LINKED = ("examples", "convert", "scripts")
+PAGES = sorted(path.name for path in (REPO / "docs").glob("*.md"))
+NOT_RUN = re.compile(r"<!-- not run: (?P<why>[^>]+?) -->\s*$")
+PAGE_NOT_RUN = re.compile(r"^<!-- code blocks not run: (?P<why>[^>]+?) -->\s*$", flags=re.M)
+RUNNABLE = ("bash", "python")
 
 
 def code_blocks(text: str) -> list[tuple[str, str]]:
     """`(language, code)` of every fenced code block, in order."""
-    return re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M)
+    return [(language, code) for language, code, _ in blocks_with_reasons(text)]
+
+
+def blocks_with_reasons(text: str) -> list[tuple[str, str, str | None]]:
+    """`(language, code, why it is not run or None)` of every fenced code block, in order."""
+    page = PAGE_NOT_RUN.search(text)
+    found = []
+    for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M):
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        marker = NOT_RUN.search(before)
+        why = marker.group("why") if marker else page.group("why") if page else None
+        found.append((match.group(1), match.group(2), why))
+    return found
 
 
 def commands(code: str) -> list[list[str]]:
@@ -35,24 +53,64 @@ def commands(code: str) -> list[list[str]]:
     return found
 
 
-@pytest.mark.slow
-def test_readme_code_blocks_run_in_order(tmp_path):
-    blocks = code_blocks((REPO / "README.md").read_text(encoding="utf-8"))
-    assert len(blocks) >= 10 and all(language in ("bash", "python") for language, _ in blocks), blocks
+def run_blocks_in_order(text: str, folder: Path, skip=lambda language, code: False) -> int:
+    """Run the page's runnable blocks in order in `folder` (bash with -euo pipefail, python in a new interpreter);
+    returns how many ran."""
     for name in LINKED:
-        (tmp_path / name).symlink_to(REPO / name)
+        (folder / name).symlink_to(REPO / name)
     bin_dir = str(Path(sys.executable).parent)  # `moe-embed` and `python` of this environment
     env = {**os.environ, "MOE_EMBED_DATA": str(FIXTURE_DATA), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    skipped = set()
-    for index, (language, code) in enumerate(blocks):
-        lines = {" ".join(words) for words in commands(code)} if language == "bash" else set()
-        if lines and lines <= SETUP_COMMANDS:
-            skipped |= lines
+    ran = 0
+    for index, (language, code, why) in enumerate(blocks_with_reasons(text)):
+        if language not in RUNNABLE or why or skip(language, code):
             continue
         argv = ["bash", "-euo", "pipefail", "-c", code] if language == "bash" else [sys.executable, "-c", code]
-        result = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-        assert result.returncode == 0, f"README block {index} failed:\n{code}\n{result.stderr[-3000:]}"
+        result = subprocess.run(argv, cwd=folder, env=env, capture_output=True, text=True, timeout=900)
+        assert result.returncode == 0, f"block {index} failed:\n{code}\n{result.stderr[-3000:]}"
+        ran += 1
+    return ran
+
+
+@pytest.mark.slow
+def test_readme_code_blocks_run_in_order(tmp_path):
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = blocks_with_reasons(text)
+    assert len(blocks) >= 10 and all(language in RUNNABLE and why is None for language, _, why in blocks), blocks
+    skipped = set()
+
+    def setup_block(language, code):
+        lines = {" ".join(words) for words in commands(code)} if language == "bash" else set()
+        if lines and lines <= SETUP_COMMANDS:
+            skipped.update(lines)
+            return True
+        return False
+
+    assert run_blocks_in_order(text, tmp_path, setup_block) == len(blocks) - 1
     assert skipped == SETUP_COMMANDS  # the setup block is the only one not run here, and it is still there
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", [p for p in PAGES if any(
+    language in RUNNABLE and why is None
+    for language, _, why in blocks_with_reasons((REPO / "docs" / p).read_text(encoding="utf-8"))
+)])  # fmt: skip
+def test_docs_code_blocks_run_in_order(page, tmp_path):
+    assert run_blocks_in_order((REPO / "docs" / page).read_text(encoding="utf-8"), tmp_path) >= 1
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_block_runs_or_says_why_and_yaml_blocks_load(page, tmp_path):
+    """A block that is not run names its reason; a runnable block is bash or python; a YAML block is a training
+    config that `moe-embed train` loads (its datasets are not read)."""
+    from training.train import load_config
+
+    for index, (language, code, why) in enumerate(blocks_with_reasons((REPO / "docs" / page).read_text())):
+        assert why is None or len(why.split()) >= 2, f"{page} block {index}: say why it is not run"
+        if language == "yaml":
+            (tmp_path / f"{index}.yaml").write_text(code)
+            load_config(tmp_path / f"{index}.yaml")
+        else:
+            assert language in (*RUNNABLE, "text", ""), f"{page} block {index}: unknown language {language!r}"
 
 
 # a documented command -> (module whose `main(argv)` parses it, the arguments): the forms the docs use
@@ -109,7 +167,8 @@ def parse_problems(text: str, monkeypatch) -> tuple[list[str], int]:
 
 
 @pytest.mark.parametrize(
-    ("page", "at_least"), [("results.md", 10), ("benchmarks.md", 10), ("serving.md", 1), ("data.md", 3)]
+    ("page", "at_least"),
+    [("results.md", 10), ("benchmarks.md", 10), ("serving.md", 1), ("data.md", 3), ("embedding.md", 5)],
 )
 def test_documented_commands_parse(page, at_least, monkeypatch, capsys):
     problems, parsed = parse_problems((REPO / "docs" / page).read_text(encoding="utf-8"), monkeypatch)
