@@ -9,8 +9,7 @@
 - `calibrate_aea.py` (`CalibrateOptions`, `calibrate`): AEA calibration of a trained MoE model, written as a
   folder that embeds with it; the work is in `aea_calibration.py`.
 - `export_onnx.py` (`ExportOptions`, `export_onnx`): an expert folder -> portable ONNX, with its pooling and
-  normalisation (and MoTE's prompts and routing) in the graph: `graph_prompts.py`, `onnx_graph.py`,
-  `onnx_checks.py`, `onnx_int8.py`, `onnx_folder.py`.
+  normalisation (and MoTE's routing) in the graph: `onnx_graph.py`, `onnx_checks.py`, `onnx_int8.py`, `onnx_folder.py`.
 - `push_to_hub.py` (`PushOptions`, `push`): validate a folder in a fresh process and publish it.
 - `instruction_baseline.py`: the dense model with an expert folder's prompts (the instruction-conditioned
   baseline of the experiments).

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from convert.cards import HUB_CARDS_DIR, PLACEHOLDER_OWNER, looks_like_hub_id
 from convert.checkpoint import copy_modeling_files
-from modeling.defaults import TASK_TYPE_EXPERTS
+from modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
 from modeling.manifest import FOLDER_FILES, HUB_TAGS, MODEL_TYPE_TAGS, ST_MODULES
 from modeling.st_folder import write_model_config
 from moe_embed.files import atomic_output_dir, read_json, write_json
@@ -57,7 +57,7 @@ def default_template(source: Path, causal: bool) -> str:
         return PROMPT_EOL
     st_config = source / "config_sentence_transformers.json"
     prompts = (read_json(st_config).get("prompts") or {}) if st_config.is_file() else {}
-    return prompts.get(TASK_TYPE_EXPERTS["sts"], "") + "[TEXT]"
+    return prompts.get(prompt_key(TASK_TYPE_EXPERTS["sts"]), "") + "[TEXT]"
 
 
 def sts_dev(data: str | None):

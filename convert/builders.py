@@ -23,7 +23,7 @@ from convert.checkpoint import (
     read_dense_checkpoint,
 )
 from convert.layout import comoe_adapter_keys, moe_rename, moe_router_key, mote_rename
-from convert.task_prefixes import prefix_token_ids
+from convert.task_prefixes import leading_special_tokens, prefix_token_ids
 from modeling.compat import REQUIREMENTS
 from modeling.configuration_comoe import CoMoeBertConfig
 from modeling.configuration_moe import MoeBertConfig
@@ -53,7 +53,6 @@ class Upcycled:
     model: torch.nn.Module
     prompts: dict[str, str]
     exact: bool = True  # whether the untrained model must reproduce the dense model
-    module_settings: dict | None = None  # extra settings of the Sentence-Transformers input module
 
 
 def fill_model(model_cls, config, dense_state: dict, rename, new_tensors: dict | None = None):
@@ -102,15 +101,13 @@ def build_mote(options: UpcycleOptions, dense_config: dict, dense_state: dict, t
         tasks=list(tasks),
         task_prefixes=tasks,
         task_prefix_ids=prefix_ids,
+        task_prefix_start=leading_special_tokens(tokenizer),
+        prefix_routes_only=options.prefix_routes_only,
         default_task=default_task,
         expert_layers=options.expert_layers,
     )
     model = fill_model(MoteBertModel, config, dense_state, mote_rename(set(config.expert_layers), config.num_tasks))
-    return Upcycled(
-        model=model,
-        prompts=sentence_transformers_prompts(tasks),
-        module_settings={"prepend_task_prefix": False} if options.prefix_routes_only else None,
-    )
+    return Upcycled(model=model, prompts=sentence_transformers_prompts(tasks))
 
 
 def routed_config(config_cls, options: UpcycleOptions, dense_config: dict, dense_state: dict, **fields):
@@ -192,7 +189,9 @@ def base_name(options: UpcycleOptions) -> str:
 def verify_against_dense(model, tokenizer, source: Path, dense_state: dict, prompts: dict[str, str]) -> float:
     """Largest |difference| between the upcycled and the dense model's hidden states, over all prompts.
 
-    A MoTE model routes each batch by the prefix it starts with.
+    A MoTE model routes each batch by the prefix it starts with; one whose prefixes only route
+    (`prefix_routes_only`) is compared, mean-pooled over the prompted text's mask, with the dense model on the
+    text alone.
     """
     from transformers import AutoConfig, AutoModel
 
@@ -205,9 +204,20 @@ def verify_against_dense(model, tokenizer, source: Path, dense_state: dict, prom
         for prefix in prompts.values():
             batch = tokenizer([prefix + t for t in texts], padding=True, return_tensors="pt")
             mask = batch["attention_mask"].bool()
-            diff = dense(**batch).last_hidden_state - model(**batch).last_hidden_state
-            worst = max(worst, diff[mask].abs().max().item())
+            if getattr(model.config, "prefix_routes_only", False):
+                plain = tokenizer(texts, padding=True, return_tensors="pt")
+                diff = mean_pooled(dense(**plain).last_hidden_state, plain) - mean_pooled(
+                    model(**batch).last_hidden_state, batch
+                )
+            else:
+                diff = (dense(**batch).last_hidden_state - model(**batch).last_hidden_state)[mask]
+            worst = max(worst, diff.abs().max().item())
     return worst
+
+
+def mean_pooled(states: torch.Tensor, batch) -> torch.Tensor:
+    mask = batch["attention_mask"].unsqueeze(-1).to(states.dtype)
+    return (states * mask).sum(1) / mask.sum(1)
 
 
 def write_upcycled(options: UpcycleOptions, source: Path, output: Path) -> Path:
@@ -240,9 +250,7 @@ def write_upcycled(options: UpcycleOptions, source: Path, output: Path) -> Path:
         model_type = model.config.model_type
         copy_modeling_files(tmp, FOLDER_FILES[model_type])
         copy_tokenizer_files(source, tmp)
-        write_sentence_transformers_files(
-            source, tmp, ST_MODULES[model_type], upcycled.prompts, module_settings=upcycled.module_settings
-        )
+        write_sentence_transformers_files(source, tmp, ST_MODULES[model_type], upcycled.prompts)
         render_card(
             tmp,
             options.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}",

@@ -10,14 +10,13 @@
 Embeddings Inference's ONNX backend, fastembed, OpenVINO and onnxruntime with a tokenizer read
 (`docs/architecture.md`, "Serving contract"): `onnx/model.onnx` takes `input_ids`, `attention_mask` and
 `token_type_ids` (int64, `(batch, seq)`, any batch size and length) and returns `sentence_embedding` first
-(the folder's pooling and normalisation applied), then `token_embeddings`; `tokenizer.json`, `config.json`,
-`config_sentence_transformers.json` (prompts), `sentence_bert_config.json` and the pooling modules sit at the
-root. A MoTE graph does in the graph what `SentenceTransformer.encode` does to the text
-(`convert/graph_prompts.py`): the prompt a client puts in front of the text picks the expert (a text without
-one goes to the default task, with its prefix put in front as `encode()` puts it), and the row is cut at the
-folder's `max_seq_length`. Its extra outputs are `token_attention_mask` (the mask of `token_embeddings`,
-whose rows may have gained or lost the prompt) and `routed_task_ids` (each row's expert; -1 and NaN
-embeddings where a folder without a default task gets a row without a prompt). `--task-ids-input` adds a
+(the folder's pooling and normalisation applied), then `last_hidden_state` (the token embeddings);
+`tokenizer.json`, `config.json` (a plain BERT's, loadable with no remote code), `config_sentence_transformers.json`
+(prompts), `sentence_bert_config.json` and the pooling modules sit at the root. A MoTE graph routes each row by the
+model's one rule (`modeling/task_router.py`): the prompt a client puts in front of the text picks the expert, a
+text without one goes to the default task as it is; nothing is put in or taken off, so `last_hidden_state` lines
+up with the client's mask. Its extra output is `routed_task_ids` (each row's expert; -1 and NaN embeddings where
+a folder without a default task gets a row without a prompt). `--task-ids-input` adds a
 `task_ids` input (`(batch,)`, -1: the prompt decides) for clients that route by id. `--task` exports one
 task's experts at the dense model's cost. A dense `bert` / `roberta` / `xlm-roberta` folder, such as the one
 `moe-embed merge` writes, exports as a plain graph: merging a CoMoE folder's LoRA experts first (`moe-embed

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
 from convert.checkpoint import ENCODER_FIELDS, copy_tokenizer_files, load_tokenizer, parse_dtype, read_state_dict
 from convert.layout import DENSE_ARCHITECTURES, parse_moe_key, parse_mote_key, position_offset
+from modeling.defaults import prompt_key
 from modeling.manifest import FAMILY_TAGS, MERGE_TAGS
 from modeling.st_folder import write_sentence_transformers_files
 from moe_embed.files import atomic_output_dir, read_json
@@ -201,10 +202,11 @@ def mote_prompts(folder: ModelFolder, task: str | None) -> tuple[dict[str, str],
         return prompts, None
     prefix = config["task_prefixes"][chosen]
     if task is not None:
-        prompts = {name: text for name, text in prompts.items() if text == prefix} or {task: prefix}
-    name = chosen if prompts.get(chosen) == prefix else next((n for n, t in prompts.items() if t == prefix), None)
+        prompts = {name: text for name, text in prompts.items() if text == prefix} or {prompt_key(task): prefix}
+    key = prompt_key(chosen)
+    name = key if prompts.get(key) == prefix else next((n for n, t in prompts.items() if t == prefix), None)
     if name is None:
-        name, prompts = chosen, {**prompts, chosen: prefix}
+        name, prompts = key, {**prompts, key: prefix}
     return prompts, name
 
 
@@ -319,7 +321,6 @@ def write_merged(folder: ModelFolder, output: Path, options: MergeOptions) -> Pa
             "sentence_transformers.models.Transformer",
             merged.prompts,
             default_prompt_name=merged.default_prompt,
-            drop_module_keys=("prepend_task_prefix",),
         )
         render_card(
             tmp,

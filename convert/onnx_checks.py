@@ -45,7 +45,7 @@ def check_against_torch(runner, graph: SentenceEmbeddingGraph, batches: list[dic
         got = run_graph(runner, inputs)
         with torch.no_grad():
             expected = [t.numpy() for t in graph(**inputs)]
-        mask = (expected[2] if graph.routed else inputs["attention_mask"].numpy()).astype(bool)
+        mask = inputs["attention_mask"].numpy().astype(bool)
         for index, (a, b) in enumerate(zip(got, expected, strict=True)):  # token states: real positions only
             worst = max(worst, max_difference(a, b, mask if index == 1 else None))
     return worst
@@ -53,7 +53,7 @@ def check_against_torch(runner, graph: SentenceEmbeddingGraph, batches: list[dic
 
 def check_against_encode(runner, model, tokenizer, task: str | None) -> float:
     """Largest |graph - `model.encode`| over texts sent as a client sends them (tokenised by `tokenizer`,
-    the folder's `tokenizer.json`): without a prompt and with each prompt (a one-task graph: its own)."""
+    the folder's `tokenizer.json`): without a prompt and with each prompt (a one-task graph: `task=` its task)."""
     worst = 0.0
     config = model[0].auto_model.config
     prompts = dict(model.prompts or {})
@@ -61,9 +61,7 @@ def check_against_encode(runner, model, tokenizer, task: str | None) -> float:
     distinct = {}  # a prompt text once (names with the same text embed alike): under its first name
     for name, prompt in prompts.items():
         distinct.setdefault(prompt, name)
-    for prompt, name in distinct.items():  # a one-task graph is sent its own task's prompt (by its text) or none
-        if not task or config.task_of_prefix(prompt) == task:
-            cases.append((name, prompt))
+    cases += [(name, prompt) for prompt, name in distinct.items()]
     for name, prompt in cases:
         got = embed(runner, tokenizer, [prompt + text for text in CHECK_TEXTS])
         kwargs = {"prompt_name": name} if name else {}

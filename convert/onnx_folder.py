@@ -27,7 +27,7 @@ import torch
 
 from convert.onnx_checks import check_export, quantize_checked
 from convert.onnx_graph import GRAPH_FILE, build_graph, export_graph, graph_inputs, output_names, session
-from modeling.st_folder import write_sentence_transformers_files
+from modeling.st_folder import MODULE_CONFIG_FILE, write_portable_module_files, write_sentence_transformers_files
 from moe_embed.files import atomic_output_dir, read_json, write_json
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ def write_folder_files(source: Path, target: Path, st, input_length: int):
     """Write the files above into `target`; returns the `tokenizers.Tokenizer` a client loads from them."""
     from tokenizers import Tokenizer
 
-    write_json(target / "config.json", read_json(source / "config.json"))
+    write_json(target / "config.json", serving_config(read_json(source / "config.json")))
     tokenizer = st[0].tokenizer
     tokenizer.save_pretrained(str(target))
     client = Tokenizer.from_file(str(target / "tokenizer.json"))
@@ -61,10 +61,32 @@ def write_folder_files(source: Path, target: Path, st, input_length: int):
         "sentence_transformers.models.Transformer",
         dict(st.prompts or {}),
         st.default_prompt_name,
-        drop_module_keys=("prepend_task_prefix",),
-        module_settings={"max_seq_length": input_length},
     )
+    # sentence-transformers' own `Transformer` reads the graph (`backend="onnx"`): its settings in the form every
+    # version reads, as the module paths and pooling settings (`write_portable_module_files`)
+    do_lower_case = read_json(target / MODULE_CONFIG_FILE).get("do_lower_case", False)
+    write_json(target / MODULE_CONFIG_FILE, {"max_seq_length": input_length, "do_lower_case": do_lower_case})
+    write_portable_module_files(target)
     return client
+
+
+def serving_config(config: dict) -> dict:
+    """The `config.json` of an exported folder: a plain BERT (RoBERTa where positions start after the padding
+    index) with the source's encoder fields, which is what the graph's inputs and sizes are, so that
+    transformers, optimum, sentence-transformers' ONNX backend and transformers.js load it with no remote code
+    (the source's code is not in the folder); the source's own fields stay (tasks, prefixes, expert layers), as
+    attributes the BERT config does not use. A folder of a transformers model type keeps its config."""
+    if "auto_map" not in config:
+        return config
+    model_type = "roberta" if config.get("position_offset", 0) else "bert"
+    kept = {key: value for key, value in config.items() if key not in ("auto_map", "architectures", "model_type")}
+    architecture = {"bert": "BertModel", "roberta": "RobertaModel"}[model_type]
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        **kept,
+        "source_model_type": config["model_type"],
+    }
 
 
 def onnx_config(graph, st, example: dict, input_length: int, opset: int | None, worst: float, agreement) -> dict:
@@ -104,8 +126,7 @@ def write_onnx_folder(folder: Path, output: Path, options: ExportOptions) -> Pat
 
     st = load_sentence_transformer(folder, trust_remote_code=True, device="cpu")
     graph = build_graph(folder, st, options.task)
-    model, prompts = graph.model, graph.prompts
-    input_length = st.max_seq_length + (prompts.longest if prompts is not None else 0)
+    model, input_length = graph.model, st.max_seq_length
     with atomic_output_dir(output, options.overwrite) as tmp:
         client = write_folder_files(folder, tmp, st, input_length)  # the tokenizer a client loads
         example_task_ids = [-1, model.config.num_tasks - 1] if options.task_ids_input else None

@@ -1,5 +1,5 @@
-"""The graph an ONNX export traces: this package's model behind `PromptInputs` (MoTE: prompts and routing on
-token ids, `graph_prompts.py`), then the folder's own Sentence-Transformers modules (pooling, normalisation),
+"""The graph an ONNX export traces: this package's model (a MoTE routes each row on the ids a client sends, by the
+rule of `modeling/task_router.py`), then the folder's own Sentence-Transformers modules (pooling, normalisation),
 traced by `torch.onnx.export(dynamo=True)` and written in the shape onnxruntime runs fastest (`onnx_layout.py`);
 and how a client feeds and runs the written graph.
 """
@@ -14,7 +14,6 @@ import onnx
 import torch
 from torch import nn
 
-from convert.graph_prompts import PromptInputs, leading_specials
 from convert.onnx_layout import eager_attention, fastest_layout
 from moe_embed.files import read_json
 from moe_embed.usage import UsageError
@@ -25,38 +24,32 @@ GRAPH_FILE = "onnx/model.onnx"
 
 
 class SentenceEmbeddingGraph(nn.Module):
-    """The model behind `PromptInputs` (MoTE), then the folder's own Sentence-Transformers modules (`Pooling`,
-    `Normalize`, ...): `(input_ids, attention_mask, token_type_ids[, task_ids]) -> (sentence_embedding,
-    token_embeddings[, token_attention_mask, routed_task_ids])`."""
+    """The model, then the folder's own Sentence-Transformers modules (`Pooling`, `Normalize`, ...):
+    `(input_ids, attention_mask, token_type_ids[, task_ids]) -> (sentence_embedding, last_hidden_state[,
+    routed_task_ids])`. A MoTE graph routes each row as the model does (`task_ids` >= 0, else the prefix the ids
+    start with, else the default task); a one-task graph (`task`) sends every row to that task's expert."""
 
-    def __init__(self, model: nn.Module, head: list[nn.Module], task: str | None = None, prompts=None):
+    def __init__(self, model: nn.Module, head: list[nn.Module], task: str | None = None):
         super().__init__()
-        self.model, self.head, self.task, self.prompts = model, nn.ModuleList(head), task, prompts
-        self.routed = prompts is not None
-        self.task_index = model.config.tasks.index(task) if task else -1
+        self.model, self.head, self.task = model, nn.ModuleList(head), task
+        self.routed = model.config.model_type == "mote_bert"
         self.eval()  # an inference graph: no dropout, no aux losses
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, task_ids=None):
         kwargs = {}
         if self.routed:
-            if self.task:  # a one-task graph: every row is that task's, whatever prompt it starts with
-                task_ids = torch.full_like(input_ids[:, 0], self.task_index)
-            input_ids, attention_mask, task_ids = self.prompts(input_ids, attention_mask, task_ids)
-            # the prompts are read: a row without a task has none (NaN outputs), not one the model would look for
-            kwargs = {"task": self.task} if self.task else {"task_ids": task_ids, "route_by_prefix": False}
-            if token_type_ids is not None:  # one segment: the first column's type, over the new length
-                token_type_ids = token_type_ids[:, :1].expand_as(input_ids)
+            kwargs = {"task": self.task} if self.task else {"task_ids": task_ids}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids, **kwargs)
         features = {"token_embeddings": out.last_hidden_state, "attention_mask": attention_mask}
         for module in self.head:
             features = module(features)
         outputs = (features["sentence_embedding"], out.last_hidden_state)
-        return outputs + (attention_mask, task_ids) if self.routed else outputs
+        return outputs + (out.task_ids,) if self.routed else outputs
 
 
 def output_names(graph: SentenceEmbeddingGraph) -> list[str]:
-    extra = ["token_attention_mask", "routed_task_ids"] if graph.routed else []
-    return ["sentence_embedding", "token_embeddings", *extra]
+    # `last_hidden_state`: the name optimum, sentence-transformers' ONNX backend and transformers.js read
+    return ["sentence_embedding", "last_hidden_state", *(["routed_task_ids"] if graph.routed else [])]
 
 
 def st_head(folder: Path, model) -> list[nn.Module]:
@@ -173,15 +166,4 @@ def build_graph(folder: Path, st, task: str | None = None) -> SentenceEmbeddingG
         task = model.config.tasks[model.config.task_index(task)] if task else None
     except ValueError as error:  # unknown task: the message lists the valid ones
         raise UsageError(str(error)) from None
-    prompts = None
-    if model.config.model_type == "mote_bert":
-        tokenizer = st[0].tokenizer
-        prompts = PromptInputs(
-            model.config,
-            leading_specials(model.config, tokenizer),
-            st.max_seq_length,
-            tokenizer.sep_token_id,
-            tokenizer.pad_token_id,
-            strip=not getattr(st[0], "prepend_task_prefix", True),
-        )
-    return SentenceEmbeddingGraph(model, head, task, prompts)
+    return SentenceEmbeddingGraph(model, head, task)

@@ -38,6 +38,15 @@ def _split(spec: str) -> tuple[str, str]:
     return name, DEFAULT_TASK_PREFIXES[name]
 
 
+def leading_special_tokens(tokenizer) -> int:
+    """How many special tokens (BERT's `[CLS]`) the tokenizer puts in front of every text."""
+    bare = tokenizer("hello world")["input_ids"]
+    leading = 0
+    while leading < len(bare) and bare[leading] in tokenizer.all_special_ids:
+        leading += 1
+    return leading
+
+
 def prefix_token_ids(tokenizer, prefix: str) -> list[int]:
     """Token ids every input starting with `prefix` starts with (leading special tokens included).
 
@@ -51,18 +60,10 @@ def prefix_token_ids(tokenizer, prefix: str) -> list[int]:
         if a != b:
             break
         common.append(a)
-    bare = tokenizer("hello world")["input_ids"]
-    leading = 0
-    while (
-        leading < len(bare)
-        and leading < len(common)
-        and bare[leading] == common[leading]
-        and bare[leading] in tokenizer.all_special_ids
-    ):
-        leading += 1
+    leading = leading_special_tokens(tokenizer)
     if len(common) <= leading:
         raise UsageError(f"prefix {prefix!r} produces no tokens of its own with this tokenizer")
     return common
 
 
-__all__ = ["parse_task_prefixes", "prefix_token_ids"]
+__all__ = ["leading_special_tokens", "parse_task_prefixes", "prefix_token_ids"]

@@ -57,7 +57,7 @@ def main() -> None:
         # One prompt per dataset and column: the prefix also routes each row to its expert.
         prompts={
             "retrieval": {"anchor": model.prompts["query"], "positive": model.prompts["document"]},
-            "clustering": model.prompts["clustering"],
+            "clustering": model.prompts["Clustering"],
         },
     )
     trainer = SentenceTransformerTrainer(

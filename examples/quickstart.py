@@ -40,16 +40,17 @@ def main() -> None:
     print(f"AutoModel routed the prefixed rows to experts: {routed}")
     hf_embeddings = torch.nn.functional.normalize(mean_pool(out.last_hidden_state, batch["attention_mask"]), dim=-1)
 
-    # 2. Sentence-Transformers: prompts pick the expert.
+    # 2. Sentence-Transformers: a prompt (the task's prefix) picks the expert, as the prefix in the text does.
     st = SentenceTransformer(args.model, trust_remote_code=True)
-    st_embeddings = torch.stack([st.encode(args.text, prompt_name=t, convert_to_tensor=True) for t in tasks])
+    prompts = [model.config.task_prefixes[t] for t in tasks]
+    st_embeddings = torch.stack([st.encode(args.text, prompt=p, convert_to_tensor=True) for p in prompts])
     agree = (st_embeddings - hf_embeddings).abs().max().item()
     print(f"SentenceTransformer and AutoModel + mean pooling agree to {agree:.1e}\n")
 
     print(f"text: {args.text!r}")
     for task, vector in zip(tasks, st_embeddings, strict=True):
         head = ", ".join(f"{x:+.4f}" for x in vector[:6].tolist())
-        print(f"  {task:<15} prompt {st.prompts[task]!r:<22} [{head}, ...] (dim {vector.numel()})")
+        print(f"  {task:<15} prompt {model.config.task_prefixes[task]!r:<22} [{head}, ...] (dim {vector.numel()})")
 
     similarity = st.similarity(st_embeddings, st_embeddings)
     print("\ninter-task cosine similarity of the same text:")

@@ -33,8 +33,9 @@ def main() -> None:
         best = int(row.argmax())
         print(f"{query!r:32} -> {DOCUMENTS[best]!r} ({row[best]:.3f})")
 
-    # Any prompt name picks its expert; task= does the same without naming a prompt.
-    classification = model.encode(["what a great film!"], prompt_name="classification")
+    # Any prompt name picks its expert (mteb's task types: "Classification", "Clustering", "STS", ...); task= picks
+    # it and adds no prompt.
+    classification = model.encode(["what a great film!"], prompt_name="Classification")
     clustering = model.encode(["what a great film!"], task="clustering")
     print("classification / clustering embedding shapes:", classification.shape, clustering.shape)
 

@@ -57,8 +57,8 @@ def signals(model, tasks: dict, sts_dev) -> list[float]:
     from evaluation.tasks import score
 
     scores = [score(model, task) for task in tasks.values()]
-    if "clustering" in (model.prompts or {}):  # mteb looks up STS's prompt by its task type
-        model.prompts = {**model.prompts, "STS": model.prompts["clustering"]}
+    if "Clustering" in (model.prompts or {}):  # mteb looks up STS's prompt by its task type
+        model.prompts = {**model.prompts, "STS": model.prompts["Clustering"]}
     return scores + [score(model, sts_dev)]
 
 

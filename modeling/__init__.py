@@ -14,8 +14,8 @@ Shared by every model type:
 
 Model types, each a `configuration_<x>.py` and a `modeling_<x>.py`:
 
-- `mote`: MoTE, one expert per task in the expert layers, chosen per sequence by the task (the routing rule
-  is `modeling_mote.route_rows`).
+- `mote`: MoTE, one expert per task in the expert layers, chosen per sequence by the task (the routing rule,
+  for every caller, is `task_router.py`).
 - `moe`: the token-routed sparse MoE encoder (Nomic Embed v2); `router_losses.py` holds its
   load-balancing and z-loss, which CoMoE shares.
 - `comoe`: CoMoE-PEFT, top-k routed LoRA experts on a frozen encoder: the linear and its contrastive loss

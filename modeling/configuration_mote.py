@@ -24,6 +24,10 @@ class MoteBertConfig(EncoderConfig):
         task_prefix_ids (`dict[str, list[int]]`, *optional*): Token ids that a tokenized input starts
             with when its text starts with the task's prefix (leading special tokens included). Set by
             the converter from the tokenizer; used to route inputs that carry no explicit task.
+        task_prefix_start (`int`, *optional*, defaults to 1): How many leading special tokens (`[CLS]`) of
+            `task_prefix_ids` come before the prefix's own tokens.
+        prefix_routes_only (`bool`, *optional*, defaults to `False`): The prefix picks the expert and the encoder
+            reads the text as if it were not there (`TaskRouter.hide_prefix`); `False` reads it (the paper).
         task_aliases (`dict[str, str]`, *optional*): Other names accepted for a task (`"passage"` for
             `"document"`, unseen task types such as `"sts"` mapped as in the paper).
         default_task (`str`, *optional*): Task used when an input names none and starts with no known
@@ -42,6 +46,8 @@ class MoteBertConfig(EncoderConfig):
     tasks: list[str] | None = None
     task_prefixes: dict[str, str] | None = None
     task_prefix_ids: dict[str, list[int]] | None = None
+    task_prefix_start: int = 1
+    prefix_routes_only: bool = False
     task_aliases: dict[str, str] | None = None
     default_task: str | None = None
     expert_layers: list[int] | str = "every_other"
@@ -99,18 +105,6 @@ class MoteBertConfig(EncoderConfig):
         if name in self.task_aliases:
             return self.tasks.index(self.task_aliases[name])
         raise ValueError(f"Unknown task {name!r}. {self.describe_tasks()}")
-
-    def task_of_prefix(self, prompt: str) -> str | None:
-        """The task whose instruction prefix is exactly `prompt`, else `None`."""
-        return next((task for task, prefix in self.task_prefixes.items() if prefix == prompt), None)
-
-    def split_task_prefix(self, text: str) -> tuple[str | None, str]:
-        """`(task, rest)` for a text that starts with a task's instruction prefix (the longest that matches, as
-        `detect_task_ids` matches token ids), else `(None, text)`."""
-        for task, prefix in sorted(self.task_prefixes.items(), key=lambda item: -len(item[1])):
-            if text.startswith(prefix):
-                return task, text[len(prefix) :]
-        return None, text
 
     def describe_tasks(self) -> str:
         """One line listing the valid task names, prefixes and aliases, for error messages."""

@@ -48,12 +48,18 @@ MTEB_TASK_TYPES = {
 }
 
 
+def prompt_key(task: str) -> str:
+    """The prompt name of a task in a saved folder: mteb's task type where the task is one (`classification` ->
+    `Classification`, `clustering` -> `Clustering`), else the task's name. mteb checks every prompt name of a
+    model it evaluates against its task types, prompt types (`query`, `document`) and task names, and prints
+    pages of warnings for any other; `encode(..., task=name)` still takes the task's own name."""
+    return next((key for key in MTEB_TASK_TYPES if key.lower() == task.lower()), task)
+
+
 def sentence_transformers_prompts(task_prefixes: dict[str, str]) -> dict[str, str]:
-    """The prompts of a saved MoTE folder: each task's prefix under its own name, `passage` (sentence-transformers'
-    other name for documents) and mteb's task types (`MTEB_TASK_TYPES`), each type the prefix of its expert."""
-    prompts = dict(task_prefixes)
-    if "document" in prompts:
-        prompts.setdefault("passage", prompts["document"])
+    """The prompts of a saved MoTE folder: each task's prefix under its prompt name (`prompt_key`), and mteb's
+    task types (`MTEB_TASK_TYPES`), each type the prefix of its expert: every name one that mteb accepts."""
+    prompts = {prompt_key(task): prefix for task, prefix in task_prefixes.items()}
     for mteb_type, task_type in MTEB_TASK_TYPES.items():
         expert = TASK_TYPE_EXPERTS[task_type]
         if expert in task_prefixes:
@@ -115,6 +121,7 @@ __all__ = [
     "DEFAULT_TASK",
     "TASK_NAME_ALIASES",
     "MTEB_TASK_TYPES",
+    "prompt_key",
     "sentence_transformers_prompts",
     "AEA_EMBEDDINGS",
     "AEA_ROUNDINGS",

@@ -55,6 +55,7 @@ FOLDER_FILES = {
         "aea_controller.py",
         "aea_layers.py",
         "aea_pooling.py",
+        "compat.py",
         "defaults.py",
     ),
 }

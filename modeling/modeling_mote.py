@@ -4,8 +4,8 @@ Multi-task Embedding Models").
 Expert layers hold one expert per task. An expert is the part of a post-LN BERT layer after the
 attention projection: `attention.output.LayerNorm`, `intermediate.dense`, `output.dense` and
 `output.LayerNorm` (the paper's "LayerNorm + MLP + LayerNorm"). Every token of a sequence goes
-through the expert of the sequence's task; the task comes from an explicit `task`/`task_ids`
-argument or from the instruction prefix the text starts with.
+through the expert of the sequence's task, chosen by the routing rule of `task_router.py` (an explicit
+`task`/`task_ids`, else the instruction prefix the ids start with, else the default task).
 
 A batch is routed once per forward pass: rows are stably sorted by task (a no-op for a
 single-task batch), every expert layer applies each expert to one contiguous slice of rows, and
@@ -26,6 +26,7 @@ from .configuration_encoder import EncoderConfig  # noqa: F401
 from .configuration_mote import MoteBertConfig
 from .defaults import DEFAULT_TASK  # noqa: F401
 from .modeling_encoder import EncoderIntermediate, EncoderLayer, EncoderOutput, EncoderPreTrainedModel
+from .task_router import TaskRouter
 
 
 @dataclass
@@ -106,101 +107,6 @@ def active_expert_indices(config: MoteBertConfig) -> list[int]:
     if not indices:
         raise ValueError(f"`active_tasks` must name at least one task. {config.describe_tasks()}")
     return indices
-
-
-def detect_task_ids(input_ids: torch.Tensor, config: MoteBertConfig) -> torch.LongTensor:
-    """Task of each row from the instruction prefix its tokens start with; -1 where none matches.
-
-    Prefixes are compared as token ids (`config.task_prefix_ids`, leading special tokens included);
-    the longest matching prefix wins. Every prefix at once: a traced graph holds a few ops, not a few per task.
-    """
-    prefixes = sorted(((t, ids) for t, ids in (config.task_prefix_ids or {}).items() if ids), key=lambda x: -len(x[1]))
-    if not prefixes:
-        return torch.full(input_ids.shape[:1], -1, dtype=torch.long, device=input_ids.device)
-    longest = len(prefixes[0][1])
-    # Each prefix padded with -2 (no token id) and each row with -1, so that a row shorter than a prefix simply
-    # does not match it, with no branch on the sequence length (graph-safe); a row matches a prefix whose every
-    # id it repeats.
-    table = torch.full((len(prefixes), longest), -2, dtype=input_ids.dtype, device=input_ids.device)
-    for index, (_, ids) in enumerate(prefixes):
-        table[index, : len(ids)] = torch.tensor(ids, dtype=input_ids.dtype)
-    lengths = torch.tensor([len(ids) for _, ids in prefixes], device=input_ids.device)
-    head = nn.functional.pad(input_ids, (0, longest), value=-1)[:, :longest]
-    matches = (head.unsqueeze(1) == table).sum(dim=2) == lengths  # (rows, prefixes), longest first
-    first = matches.to(torch.int32).argmax(dim=1)  # the first (longest) match, 0 where none
-    tasks = torch.tensor([config.tasks.index(task) for task, _ in prefixes], device=input_ids.device)
-    return torch.where(matches.any(dim=1), tasks[first], torch.full_like(first, -1, dtype=torch.long))
-
-
-def route_rows(*candidates: torch.Tensor, default: int = -1) -> torch.LongTensor:
-    """MoTE's routing rule, the one copy: per row, the first candidate that names an expert (>= 0), else
-    `default` (-1: none). Candidates come in order of precedence, explicit choices before the instruction
-    prefix found in the row: the model passes `task_ids` and the prefix of `input_ids`, the
-    Sentence-Transformers module the call's task, the prompt's and the text's own prefix, the ONNX graph's
-    input step `task_ids` and the prefix. Tensor ops only, so a traced graph holds it."""
-    ids = candidates[-1]
-    for candidate in reversed(candidates[:-1]):
-        ids = torch.where(candidate >= 0, candidate, ids)
-    return ids.masked_fill(ids < 0, default) if default >= 0 else ids
-
-
-def resolve_task_ids(
-    config: MoteBertConfig, batch_size: int, device, task=None, task_ids=None, input_ids=None
-) -> torch.LongTensor:
-    """Expert index per row: `task` > `task_ids` (-1: none for that row) > instruction prefix in `input_ids` >
-    `default_task`.
-
-    Raises:
-        ValueError: for an unknown task name, a wrong number of tasks, out-of-range ids, or rows
-            whose task cannot be determined (the message lists valid tasks and prefixes).
-    """
-    if task is not None:
-        names = [task] * batch_size if isinstance(task, str) else list(task)
-        if len(names) != batch_size:
-            raise ValueError(
-                f"`task` holds {len(names)} names for a batch of {batch_size} rows; pass one name or one per row"
-            )
-        return torch.tensor([config.task_index(name) for name in names], dtype=torch.long, device=device)
-    if task_ids is not None:
-        ids = torch.as_tensor(task_ids, dtype=torch.long, device=device).reshape(-1)
-        if ids.numel() == 1:
-            ids = ids.expand(batch_size)
-        if ids.numel() != batch_size:
-            raise ValueError(f"`task_ids` holds {ids.numel()} ids for a batch of {batch_size} rows")
-        if bool(((ids < -1) | (ids >= config.num_tasks)).any()):
-            raise ValueError(
-                f"`task_ids` must lie in -1..{config.num_tasks - 1} (tasks {config.tasks}; -1: read the row's "
-                f"prefix), got {ids.tolist()}"
-            )
-    else:
-        ids = torch.full((batch_size,), -1, dtype=torch.long, device=device)
-    found = detect_task_ids(input_ids, config) if input_ids is not None else torch.full_like(ids, -1)
-    ids = route_rows(ids, found.to(ids.device), default=config.default_task_index)
-    unresolved = ids < 0
-    if bool(unresolved.any()):
-        rows = unresolved.nonzero().flatten().tolist()
-        raise ValueError(
-            f"Cannot tell the task of {len(rows)} of {batch_size} rows (rows {rows[:10]}"
-            f"{'...' if len(rows) > 10 else ''} of this batch): pass `task=` "
-            f"(one name or one per row), `task_ids=`, or start the text with a task prefix. "
-            f"{config.describe_tasks()}"
-        )
-    return ids
-
-
-def graph_task_ids(
-    config: MoteBertConfig, input_ids: torch.Tensor, task_ids=None, by_prefix: bool = True
-) -> torch.LongTensor:
-    """Expert index per row by tensor ops only: a `task_ids` entry >= 0 wins, a row with -1 (or no
-    `task_ids`) is routed by its prefix (unless `by_prefix` is False), then `config.default_task`; -1 where none
-    of these resolve it. The part of `resolve_task_ids` a traced graph can run: it cannot raise, so the forward
-    pass gives the rows left unrouted (or with an id out of range) NaN outputs there."""
-    given = ()
-    if task_ids is not None:
-        given = (torch.as_tensor(task_ids, device=input_ids.device).long().reshape(-1).expand(input_ids.shape[0]),)
-    found = (detect_task_ids(input_ids, config),) if by_prefix else ()
-    candidates = given + found or (torch.full_like(input_ids[:, 0], -1),)
-    return route_rows(*candidates, default=config.default_task_index)
 
 
 class MoteBertPreTrainedModel(EncoderPreTrainedModel):
@@ -284,7 +190,6 @@ class MoteBertModel(MoteBertPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         task: str | list[str] | None = None,
         task_ids: torch.LongTensor | list[int] | int | None = None,
-        route_by_prefix: bool = True,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         return_dict: bool | None = None,
@@ -294,12 +199,10 @@ class MoteBertModel(MoteBertPreTrainedModel):
             `config.tasks` or `config.task_aliases`.
         task_ids (`torch.LongTensor` of shape `(batch_size,)` or `int`, *optional*): Expert index per
             row (into `config.tasks`); -1 routes that row by its prefix. Used when `task` is not given.
-        route_by_prefix (`bool`, *optional*, defaults to `True`): `False` reads no row's prefix: a row without a
-            task is the default task's (the ONNX graph's input step has read the prompts already).
         return_dict (`bool`, *optional*): `False` returns a tuple instead of a `MoteModelOutput`.
 
         Without either, each row's task is read from the instruction prefix its `input_ids` start
-        with, then `config.default_task`; otherwise a `ValueError` lists the valid tasks.
+        with, then `config.default_task`; otherwise a `ValueError` lists the valid tasks (`task_router.py`).
         """
         reference = input_ids if input_ids is not None else inputs_embeds
         if reference is None:
@@ -307,18 +210,30 @@ class MoteBertModel(MoteBertPreTrainedModel):
         batch_size = reference.shape[0]
         if batch_size == 0:
             raise ValueError("Got an empty batch: `input_ids` has 0 rows")
-        order, unrouted = None, None
-        if isinstance(task, str):  # one expert, known before the graph: no routing ops at all
+        router = TaskRouter(self.config)
+        exporting = is_exporting()
+        explicit = router.explicit(task, task_ids, batch_size, reference.device, check=not exporting)
+        hide = self.config.prefix_routes_only and input_ids is not None
+        order, unrouted, prefix = None, None, None
+        if isinstance(task, str) and not hide:  # one expert, known before the graph: no routing ops at all
             index = self.config.task_index(task)
             self._check_experts_present([index])
-            ids = torch.full((batch_size,), index, dtype=torch.long, device=reference.device)
-            routing = MoteRouting(((index, 0, batch_size),))
-        elif is_exporting() and task is None and input_ids is not None:
-            routing, order, ids, unrouted = self._graph_routing(input_ids, task_ids, route_by_prefix)
+            ids, routing = explicit, MoteRouting(((index, 0, batch_size),))
         else:
-            prefixed = input_ids if route_by_prefix else None
-            ids = resolve_task_ids(self.config, batch_size, reference.device, task, task_ids, prefixed)
-            routing, order = self._sorted_routing(ids, batch_size)
+            route = router.route(input_ids, explicit, batch_size)
+            ids = route.task_ids
+            if hide:  # the encoder reads the text as if its prefix were not there
+                if attention_mask is None:
+                    attention_mask = torch.ones_like(input_ids)
+                offset = self.embeddings.position_offset
+                attention_mask, strip_positions, prefix = router.hide_prefix(route, attention_mask, offset)
+                position_ids = strip_positions if position_ids is None else position_ids
+            if exporting and task is None:
+                routing, order, unrouted = self._graph_routing(ids, reference)
+            else:
+                router.check(route)
+                routing, order = self._sorted_routing(ids, batch_size)
+        kept = attention_mask
         if order is not None:
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = (
                 _take_rows(t, order) for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
@@ -348,6 +263,8 @@ class MoteBertModel(MoteBertPreTrainedModel):
             pooled = pooled.index_select(0, inverse) if pooled is not None else None
             hidden = tuple(h[inverse] for h in hidden) if hidden is not None else None
             attentions = tuple(a[inverse] for a in attentions) if attentions is not None else None
+        if prefix is not None:  # the prefix's outputs: the mean of the text's, for poolers over the caller's mask
+            last = router.fill_prefix(last, prefix.to(last.device), kept.to(last.device))
         if unrouted is not None:  # graph outputs of rows with no task: NaN, the only error a graph can give
             # a product with 1 or NaN per row: one broadcast `Mul`, cheaper than a `Where` over every token
             poison = torch.ones_like(unrouted, dtype=last.dtype).masked_fill(unrouted, float("nan"))
@@ -371,17 +288,16 @@ class MoteBertModel(MoteBertPreTrainedModel):
                 start += count
         return MoteRouting(tuple(segments)), order
 
-    def _graph_routing(self, input_ids: torch.Tensor, task_ids=None, by_prefix: bool = True):
-        """`(routing, order, ids, unrouted)` by tensor ops only, for a traced graph: each row's expert
-        (`graph_task_ids`), the rows sorted by it as the eager path sorts them, and the rows with no loaded
-        expert, which run through the first expert and come out NaN."""
-        ids = graph_task_ids(self.config, input_ids, task_ids, by_prefix)
+    def _graph_routing(self, ids: torch.Tensor, reference: torch.Tensor):
+        """`(routing, order, unrouted)` by tensor ops only, for a traced graph: the rows sorted by expert as the
+        eager path sorts them, and the rows with no loaded expert, which run through the first expert and come out
+        NaN."""
         indices = active_expert_indices(self.config)
         unrouted = ~(ids.unsqueeze(1) == torch.tensor(indices, device=ids.device)).any(1)
         experts = ids.masked_fill(unrouted, indices[0])
         # unique keys, so the sort is stable without a stable sort (which ONNX has not)
         order = torch.argsort(experts * ids.shape[0] + torch.arange(ids.shape[0], device=ids.device))
-        return MoteRouting(None, experts[order], self._token_counts(experts, indices, input_ids)), order, ids, unrouted
+        return MoteRouting(None, experts[order], self._token_counts(experts, indices, reference)), order, unrouted
 
     @staticmethod
     def _token_counts(experts: torch.Tensor, indices: list[int], input_ids: torch.Tensor) -> list | None:

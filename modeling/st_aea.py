@@ -18,6 +18,7 @@ from .aea_allocation import allocate_tokens  # noqa: F401
 from .aea_controller import AdaptiveExpertAllocation
 from .aea_layers import find_moe_layers  # noqa: F401
 from .aea_pooling import sentence_embedding
+from .compat import REQUIREMENTS  # noqa: F401
 from .defaults import AEA_EMBEDDINGS  # noqa: F401
 from .st_compat import Transformer, tokenize_texts
 

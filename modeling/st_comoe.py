@@ -13,6 +13,7 @@ from transformers import AutoConfig
 # sibling this file needs, directly or not, is imported here by name.
 from .comoe_adapter import is_comoe_adapter, read_adapter_config
 from .comoe_layer import is_adapter_key  # noqa: F401
+from .compat import REQUIREMENTS  # noqa: F401
 from .manifest import ADAPTER_CONFIG_NAME  # noqa: F401
 from .st_compat import Transformer  # noqa: F401
 from .st_folder import MODULES_FILE  # noqa: F401

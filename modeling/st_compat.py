@@ -10,6 +10,23 @@ every shim that depends on it (here, in the modules' `tokenize` and in `st_folde
 """
 
 import inspect
+import re
+
+import sentence_transformers
+
+from .compat import REQUIREMENTS
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+
+
+_NEEDED = REQUIREMENTS["sentence-transformers"].lstrip(">=")
+if _release(sentence_transformers.__version__) < _release(_NEEDED):  # say so, before an error from inside it
+    raise ImportError(
+        f"this model folder needs sentence-transformers>={_NEEDED}, found {sentence_transformers.__version__}: "
+        f"pip install -U 'sentence-transformers>={_NEEDED}'"
+    )
 
 try:  # sentence-transformers 6 (its old path `sentence_transformers.models` warns there)
     from sentence_transformers.sentence_transformer.modules import Transformer

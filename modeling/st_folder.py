@@ -50,9 +50,12 @@ def write_modules(source, target, input_module: str, hidden_size: int) -> None:
     modules = [{"idx": 0, "name": "0", "path": "", "type": input_module}]
     if os.path.isfile(os.path.join(source, MODULES_FILE)):
         for entry in read_json(os.path.join(source, MODULES_FILE))[1:]:
-            # modules without settings (Normalize) may have no folder at all
+            # modules without settings (Normalize) may have no folder in the source: an empty one, so that the
+            # folder names no path that is not there
             if entry.get("path") and os.path.isdir(os.path.join(source, entry["path"])):
                 shutil.copytree(os.path.join(source, entry["path"]), os.path.join(target, entry["path"]))
+            elif entry.get("path"):
+                os.makedirs(os.path.join(target, entry["path"]), exist_ok=True)
             modules.append({**entry, "idx": len(modules), "name": str(len(modules))})
     else:
         os.makedirs(os.path.join(target, "1_Pooling"), exist_ok=True)
@@ -62,11 +65,10 @@ def write_modules(source, target, input_module: str, hidden_size: int) -> None:
     write_json(os.path.join(target, MODULES_FILE), modules)
 
 
-def write_module_config(source, target, drop_keys: tuple = (), settings: dict | None = None) -> None:
-    """`sentence_bert_config.json` in `target`: the source's (if any) without `drop_keys`, with `settings`."""
+def write_module_config(source, target, settings: dict | None = None) -> None:
+    """`sentence_bert_config.json` in `target`: the source's (if any), with `settings`."""
     path = os.path.join(str(source), MODULE_CONFIG_FILE)
     config = read_json(path) if os.path.isfile(path) else {}
-    config = {key: value for key, value in config.items() if key not in drop_keys}
     config.update(settings or {})
     write_json(os.path.join(str(target), MODULE_CONFIG_FILE), config)
 
@@ -100,14 +102,13 @@ def write_sentence_transformers_files(
     input_module: str,
     prompts: dict,
     default_prompt_name: str | None = None,
-    drop_module_keys: tuple = (),
     module_settings: dict | None = None,
 ) -> None:
     """Every Sentence-Transformers file of a converted folder: the modules (`write_modules`, pooling from
     `source`), the input module's settings (`write_module_config`) and the model settings with `prompts`."""
     hidden_size = read_json(os.path.join(str(target), "config.json"))["hidden_size"]
     write_modules(source, target, input_module, hidden_size)
-    write_module_config(source, target, drop_module_keys, module_settings)
+    write_module_config(source, target, module_settings)
     write_model_config(target, prompts, default_prompt_name)
 
 

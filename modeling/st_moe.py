@@ -10,14 +10,39 @@ of the model folder and named in `modules.json` as `st_moe.MoeTransformer`, so i
 
 import threading
 
-from .st_compat import Transformer, init_kwargs, output_name
+# transformers 4.x copies only the direct relative imports of a module file into its module cache, so every
+# sibling this file needs, directly or not, is imported here by name.
+from .compat import REQUIREMENTS  # noqa: F401
+from .st_compat import Transformer, init_kwargs, output_name, tokenize_texts
+
+# the tasks sentence-transformers itself names (`encode_query`, `encode_document`): its prompts and lengths
+SENTENCE_TRANSFORMERS_TASKS = ("query", "document")
 
 
 class MoeTransformer(Transformer):
-    """`Transformer` that also returns the model's auxiliary loss as `features["aux_loss"]`."""
+    """`Transformer` that also returns the model's auxiliary loss as `features["aux_loss"]`. Its model routes each
+    token by itself and has no task experts: a call that names another task than sentence-transformers' own is
+    refused, never ignored."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **init_kwargs(kwargs))
+
+    def check_task(self, task) -> None:
+        if task is not None and task not in SENTENCE_TRANSFORMERS_TASKS:
+            raise ValueError(
+                f"task={task!r}: this {self.auto_model.config.model_type} model routes each token itself and has no "
+                f"task experts to pick; pass a prompt instead (prompt_name=..., or prompt='...'), or no task "
+                f"(sentence-transformers' own {list(SENTENCE_TRANSFORMERS_TASKS)} are accepted)"
+            )
+
+    def preprocess(self, inputs, prompt: str | None = None, task: str | None = None, **kwargs) -> dict:
+        self.check_task(task)
+        return super().preprocess(inputs, prompt=prompt, task=task, **kwargs)
+
+    def tokenize(self, texts, padding: str | bool = True, task: str | None = None, **kwargs) -> dict:
+        """sentence-transformers 5.x's call."""
+        self.check_task(task)
+        return tokenize_texts(self, texts, padding=padding, **kwargs)
 
     def forward(self, features: dict, **kwargs) -> dict:
         """`Transformer.forward` (its dispatch and keyword filtering unchanged), plus `aux_loss`.

@@ -82,6 +82,10 @@ def pytest_collection_modifyitems(config, items):
         group = next((group for group, fixtures in SHARED_RESOURCES.items() if names & fixtures), None)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    if getattr(config.option, "dist", "no") != "no":
+        # on several workers, the long tests (`slow`: other processes, exports, MiniLM) and the shared exports start
+        # first and the short ones fill in behind them, so that no worker waits alone on a long test at the end
+        items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("xdist_group")))
 
 
 @pytest.fixture(autouse=True)

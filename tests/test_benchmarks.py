@@ -46,12 +46,12 @@ def test_benchmark_scripts_run(dense_path, mote_dir, moe_dir, capsys):
 
 def test_batch_of_mixes_every_task_or_takes_the_given(mote_model):
     from benchmarks.common import batch_of
-    from modeling.modeling_mote import detect_task_ids
+    from modeling.task_router import TaskRouter
 
     config = mote_model.config
-    mixed = detect_task_ids(batch_of(mote_model, 8, 16)["input_ids"], config)
+    mixed = TaskRouter(config).match(batch_of(mote_model, 8, 16)["input_ids"])[0]
     assert mixed.tolist() == [row % config.num_tasks for row in range(8)]  # routed by the prefixes written
-    query = detect_task_ids(batch_of(mote_model, 8, 16, ["query"])["input_ids"], config)
+    query = TaskRouter(config).match(batch_of(mote_model, 8, 16, ["query"])["input_ids"])[0]
     assert query.tolist() == [config.tasks.index("query")] * 8
 
 

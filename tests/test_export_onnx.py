@@ -24,7 +24,6 @@ from sentence_transformers import SentenceTransformer
 from sentence_transformers.models import Pooling
 
 from convert.export_onnx import main as export_main
-from convert.graph_prompts import PromptInputs
 from convert.onnx_graph import SentenceEmbeddingGraph, export_graph
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # over any folder's max_seq_length here
@@ -43,11 +42,10 @@ def run(folder: Path, feeds: dict, file: str = "onnx/model.onnx") -> list[np.nda
 def test_routed_mote_folder_is_the_portable_contract(trained_mote, mote_onnx):
     session = onnxruntime.InferenceSession(str(mote_onnx / "onnx" / "model.onnx"))
     assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask", "token_type_ids"]
-    assert [o.name for o in session.get_outputs()][:2] == ["sentence_embedding", "token_embeddings"]
+    assert [o.name for o in session.get_outputs()][:2] == ["sentence_embedding", "last_hidden_state"]
     st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
-    # one length everywhere: what a client truncates at is the folder's max_seq_length plus the longest prefix
-    longest = max(len(st.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in st.prompts.values())
-    expected_length = st.max_seq_length + longest
+    # one length everywhere: a client truncates where sentence-transformers does, prompt included
+    expected_length = st.max_seq_length
     assert read_json(mote_onnx / "sentence_bert_config.json")["max_seq_length"] == expected_length
     assert read_json(mote_onnx / "tokenizer_config.json")["model_max_length"] == expected_length
     tokenizer = json.loads((mote_onnx / "tokenizer.json").read_text())
@@ -58,43 +56,52 @@ def test_routed_mote_folder_is_the_portable_contract(trained_mote, mote_onnx):
         assert (mote_onnx / name).is_file(), name
 
 
+@pytest.mark.parametrize("folder", ["mote_onnx", "moe_onnx", "comoe_onnx"])
+def test_an_exported_folder_is_a_hugging_face_folder(folder, request):
+    """transformers loads the folder's config and tokenizer with no remote code (the model code is not in the
+    folder, and the graph is what a BERT's inputs and sizes say), and nothing in it names a file that is not
+    there: sentence-transformers' ONNX backend, optimum and transformers.js read these files."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = request.getfixturevalue(folder)
+    config = read_json(folder / "config.json")
+    assert "auto_map" not in config and config["model_type"] == "bert"
+    loaded = AutoConfig.from_pretrained(str(folder))  # no trust_remote_code: nothing to run
+    assert loaded.hidden_size == read_json(folder / "onnx_config.json")["dimension"]
+    client = client_feed(folder, ["a text"])["input_ids"][0].tolist()
+    assert AutoTokenizer.from_pretrained(str(folder))("a text")["input_ids"] == client
+    for module in read_json(folder / "modules.json"):
+        assert module["type"].startswith("sentence_transformers.models."), module  # every version's path
+        assert (folder / module["path"]).is_dir(), module
+    assert set(read_json(folder / "sentence_bert_config.json")) == {"max_seq_length", "do_lower_case"}
+    session = onnxruntime.InferenceSession(str(folder / "onnx" / "model.onnx"))
+    assert "last_hidden_state" in [o.name for o in session.get_outputs()]  # the name optimum and clients read
+
+
 def test_routed_mote_graph_embeds_as_encode_for_every_prompt_and_none(trained_mote, mote_onnx):
     st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
     tasks = st[0].auto_model.config.tasks
-    # every task mixed in one padded batch, a long text, and texts without a prompt (the default task, with
-    # the default prompt put in front as encode() puts it)
-    names = ["clustering", "query", "document", "classification", "query", None, None, "document"]
+    # every task mixed in one padded batch, a long text, and texts without a prompt (the default task, the text
+    # as it is)
+    names = ["Clustering", "query", "document", "Classification", "query", None, None, "document"]
     texts = [TEXTS[i % len(TEXTS)] for i in range(5)] + ["hi", LONG, LONG]
     sent = [(st.prompts[n] if n else "") + t for n, t in zip(names, texts, strict=True)]
-    sentence, tokens, mask, routed = run(mote_onnx, client_feed(mote_onnx, sent))
+    feed = client_feed(mote_onnx, sent)
+    sentence, tokens, routed = run(mote_onnx, feed)
     default = st[0].auto_model.config.default_task
-    assert routed.tolist() == [tasks.index(n or default) for n in names]
+    assert routed.tolist() == [tasks.index((n or default).lower()) for n in names]
     expected = np.stack([st.encode([t], prompt_name=n)[0] for n, t in zip(names, texts, strict=True)])
     assert np.abs(sentence - expected).max() <= 1e-4
-    # the token states come with their own mask: the rows gained the default prompt or were cut to max_seq_length
-    assert mask.shape == tokens.shape[:2] and mask.sum(1).max() == st.max_seq_length
+    # the token states line up with the client's own mask: nothing was put in or taken off
+    assert tokens.shape[:2] == feed["input_ids"].shape and feed["attention_mask"].sum(1).max() == st.max_seq_length
     # a frozen graph would give every row the example's expert: the experts really differ here
-    other = st.encode([texts[1]], prompt_name="clustering")
+    other = st.encode([texts[1]], prompt_name="Clustering")
     assert np.abs(other[0] - expected[1]).max() > 1e-3
 
 
-def test_routed_graph_is_only_as_wide_as_its_longest_row(trained_mote, mote_onnx):
-    """A batch whose rows bring their prompts is encoded at the client's width (the dense model's cost); a row
-    that gains the default prompt widens the batch by that prompt only."""
-    st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
-    prompted = [st.prompts["query"] + TEXTS[0], st.prompts["clustering"] + TEXTS[1]]
-    feed = client_feed(mote_onnx, prompted)
-    tokens, mask = run(mote_onnx, feed)[1:3]
-    assert tokens.shape[1] == mask.shape[1] == feed["input_ids"].shape[1]
-    default_prompt = st.prompts[st.default_prompt_name or st[0].auto_model.config.default_task]
-    plain = client_feed(mote_onnx, [TEXTS[0]])
-    grown = st.tokenizer(default_prompt, add_special_tokens=False)["input_ids"]
-    assert run(mote_onnx, plain)[2].shape[1] == plain["input_ids"].shape[1] + len(grown)
-
-
 def test_prefix_routed_folder_embeds_as_encode(dense_path, tmp_path, capfd):
-    """A `--prefix-routes-only` folder (what the training recipe writes): the graph takes the prompt off after
-    the client truncated at max_seq_length + the longest prefix, so a long text keeps every token encode keeps.
+    """A `--prefix-routes-only` folder (what the training recipe writes): the graph reads each row without its
+    prompt, as encode does, and a long text is cut where encode cuts it.
     The export is quiet: the tracer reports no data-dependent guard (it would dump the whole traced program)."""
     from conftest import save_trained_copy
 
@@ -123,10 +130,14 @@ def test_task_export_is_a_plain_graph(trained_mote, tmp_path, capsys):
     assert config["inputs"] == ["input_ids", "attention_mask", "token_type_ids"]
     assert config["exported_task"] == "document"
     st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
-    expected = st.encode_document(TEXTS, convert_to_numpy=True)
-    for prompt in ("search_document: ", ""):  # its own prompt or none: the same embedding
+    # every row reaches the document expert, which reads what the client sent: its prompt, or none
+    for prompt, expected in [
+        ("search_document: ", st.encode_document(TEXTS)),
+        ("", st.encode(TEXTS, task="document")),
+        ("search_query: ", st.encode(TEXTS, prompt_name="query", task="document")),
+    ]:
         sentence = run(out, client_feed(out, [prompt + t for t in TEXTS]))[0]
-        assert np.abs(sentence - expected).max() <= 1e-4
+        assert np.abs(sentence - expected).max() <= 1e-4, prompt
 
 
 def test_onnx_folder_readme_embeds_without_torch(trained_mote, mote_onnx):
@@ -176,8 +187,7 @@ def test_task_ids_input_and_strict_mote_graph_marks_unrouted_rows_nan(tokenizer,
     from modeling.modeling_mote import MoteBertModel
 
     model = MoteBertModel(tiny_mote_config()).eval()  # no default task
-    prompts = PromptInputs(model.config, 1, 16, tokenizer.sep_token_id, tokenizer.pad_token_id, strip=False)
-    graph = SentenceEmbeddingGraph(model, [Pooling(model.config.hidden_size)], prompts=prompts)
+    graph = SentenceEmbeddingGraph(model, [Pooling(model.config.hidden_size)])
     prefixed = tokenizer("search_query: who")["input_ids"]  # [CLS] search_query: who [SEP]
     plain = tokenizer("who is it")["input_ids"]
     width = len(prefixed)
@@ -189,7 +199,7 @@ def test_task_ids_input_and_strict_mote_graph_marks_unrouted_rows_nan(tokenizer,
     export_graph(graph, {**example, "task_ids": torch.tensor([-1, 3])}, tmp_path / "onnx" / "model.onnx", None)
     ids = torch.tensor([prefixed, plain + [tokenizer.pad_token_id] * 2, prefixed])
     mask = (ids != tokenizer.pad_token_id).long()
-    sentence, _, _, routed = run(tmp_path, {"input_ids": ids, "attention_mask": mask, "task_ids": [-1, -1, 2]})
+    sentence, _, routed = run(tmp_path, {"input_ids": ids, "attention_mask": mask, "task_ids": [-1, -1, 2]})
     assert routed.tolist() == [0, -1, 2]  # the prefix, nothing (no default task), the id over the prefix
     assert np.isnan(sentence[1]).all() and np.isfinite(sentence[[0, 2]]).all()
     with torch.no_grad():
@@ -228,7 +238,7 @@ def test_merged_comoe_exports_as_a_plain_dense_graph(comoe_dir, tmp_path, capsys
     code, err = export(capsys, str(merged), "--output", str(out), "--quantize", "int8", "--int8-min-cosine", "0.9")
     assert code == 0, err
     info = read_json(out / "onnx_config.json")
-    assert info["source_model_type"] == "bert" and info["outputs"] == ["sentence_embedding", "token_embeddings"]
+    assert info["source_model_type"] == "bert" and info["outputs"] == ["sentence_embedding", "last_hidden_state"]
     st = SentenceTransformer(str(merged))  # a dense folder: no remote code
     texts = [st.prompts["query"] + TEXTS[0], *TEXTS[1:], LONG]
     assert np.abs(run(out, client_feed(out, texts))[0] - st.encode(texts)).max() <= 1e-4

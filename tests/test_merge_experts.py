@@ -39,7 +39,7 @@ def test_expert_averaging_of_untrained_mote_is_the_dense_model(mote_dir, dense_p
     assert merged.keys() == dense.keys()
     assert all(torch.equal(merged[k], dense[k]) for k in dense)
     # the averaged model keeps the MoTE folder's plain-`encode` prompt
-    assert read_json(out / "config_sentence_transformers.json")["default_prompt_name"] == "classification"
+    assert read_json(out / "config_sentence_transformers.json")["default_prompt_name"] == "Classification"
     config = read_json(out / "config.json")
     assert config["model_type"] == "bert" and config["architectures"] == ["BertModel"] and "auto_map" not in config
     assert not list(out.glob("*.py"))
@@ -90,8 +90,8 @@ def test_task_export_equals_mote_routed_to_that_task_without_remote_code(mote_di
     code, err = merge(capsys, str(trained), "--task", "clustering", "--output", str(out))
     assert code == 0, err
     result = json.loads(run_isolated(PLAIN_LOAD, str(out), json.dumps(TEXTS)).splitlines()[-1])
-    assert result["default_prompt"] == "clustering"
-    expected = st.encode(TEXTS, prompt_name="clustering", convert_to_tensor=True)
+    assert result["default_prompt"] == "Clustering"
+    expected = st.encode(TEXTS, prompt_name="Clustering", convert_to_tensor=True)
     assert (torch.tensor(result["default"]) - expected).abs().max() <= 1e-5
     # and it is not what another task's experts give
     other = st.encode(TEXTS, prompt="clustering: ", task="query", convert_to_tensor=True)
@@ -106,7 +106,7 @@ def test_task_export_keeps_only_its_task_prompts_and_is_tagged_as_one_task(mote_
     code, err = merge(capsys, mote_dir, "--task", "document", "--output", str(tmp_path / "document"))
     assert code == 0, err
     settings = read_json(tmp_path / "document" / "config_sentence_transformers.json")
-    assert settings["prompts"] == {"document": "search_document: ", "passage": "search_document: "}
+    assert settings["prompts"] == {"document": "search_document: "}
     assert settings["default_prompt_name"] == "document"
     tags = ModelCard.load(tmp_path / "document" / "README.md").data.tags
     assert "task-expert" in tags and "expert-averaging" not in tags and "mote" in tags
@@ -114,7 +114,7 @@ def test_task_export_keeps_only_its_task_prompts_and_is_tagged_as_one_task(mote_
     assert code == 0, err
     tags = ModelCard.load(tmp_path / "ea" / "README.md").data.tags
     assert "expert-averaging" in tags and "task-expert" not in tags
-    assert len(read_json(tmp_path / "ea" / "config_sentence_transformers.json")["prompts"]) == 11  # every prompt
+    assert len(read_json(tmp_path / "ea" / "config_sentence_transformers.json")["prompts"]) == 8  # every prompt
 
 
 @pytest.mark.slow

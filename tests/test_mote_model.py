@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import TEXTS, randomize_experts, tiny_mote_config
 
-from modeling.modeling_mote import MoteBertModel, detect_task_ids
+from modeling.modeling_mote import MoteBertModel
+from modeling.task_router import TaskRouter
 
 TASKS = ["query", "document", "classification", "clustering"]
 
@@ -120,11 +121,11 @@ def test_default_task_and_unknown_task_errors(tokenizer):
         strict(**batch, task_ids=torch.tensor([0, 7]))
     lenient = MoteBertModel(tiny_mote_config(default_task="clustering")).eval()
     assert lenient(**batch).task_ids.tolist() == [3, 0]
-    # reading no prefix: the second row's prompt routes nothing, a row without a task id is the default's
-    assert lenient(**batch, route_by_prefix=False).task_ids.tolist() == [3, 3]
-    assert lenient(**batch, task_ids=torch.tensor([-1, 1]), route_by_prefix=False).task_ids.tolist() == [3, 1]
-    with pytest.raises(ValueError, match="Cannot tell the task of 2 of 2 rows"):
-        strict(**batch, route_by_prefix=False)
+    # a task id beats the prefix; -1 reads the row's prefix, else the default
+    assert lenient(**batch, task_ids=torch.tensor([-1, 1])).task_ids.tolist() == [3, 1]
+    assert lenient(**batch, task_ids=torch.tensor([-1, -1])).task_ids.tolist() == [3, 0]
+    with pytest.raises(ValueError, match="Cannot tell the task of 1 of 2 rows"):
+        strict(**batch, task_ids=torch.tensor([-1, 2]))
 
 
 def test_config_validation_errors():
@@ -246,5 +247,7 @@ def test_a_row_takes_the_longest_prefix_it_starts_with():
 
     want = [expected(r.tolist()) for r in input_ids]
     assert want == [1, 0, 0, -1, 2, -1]  # the cases above, as the reading says
-    assert detect_task_ids(input_ids, config).tolist() == want
-    assert detect_task_ids(input_ids[:, :2], config).tolist() == [-1, -1, -1, -1, 2, -1]  # too short for most
+    found, length = TaskRouter(config).match(input_ids)
+    assert found.tolist() == want
+    assert length.tolist() == [4, 3, 3, 0, 2, 0]
+    assert TaskRouter(config).match(input_ids[:, :2])[0].tolist() == [-1, -1, -1, -1, 2, -1]  # too short for most

@@ -29,7 +29,15 @@ def routed_model(trained_mote):
     model = SentenceTransformer(str(trained_mote), trust_remote_code=True)
     tasks = model[0].auto_model.config.tasks
     ran: list[str] = []
-    model[0].register_forward_pre_hook(lambda module, args: ran.extend(tasks[i] for i in args[0]["task_ids"].tolist()))
+    auto_model = model[0].auto_model
+    forward = auto_model.forward  # sentence-transformers calls `forward` itself: no module hook runs
+
+    def recording(*args, **kwargs):
+        output = forward(*args, **kwargs)
+        ran.extend(tasks[i] for i in output.task_ids.tolist())  # the experts the model routed to
+        return output
+
+    auto_model.forward = recording
     return model, ran
 
 
@@ -46,8 +54,8 @@ def test_mteb_sts_score_is_the_spearman_of_cosines_through_the_sts_expert(routed
     model, _ = routed_model
     task = load(get_task("STSBenchmark"), FIXTURE_DATA)
     rows = task.dataset["test"]
-    a = model.encode(list(rows["sentence1"]), prompt_name="classification")
-    b = model.encode(list(rows["sentence2"]), prompt_name="classification")
+    a = model.encode(list(rows["sentence1"]), prompt_name="Classification")
+    b = model.encode(list(rows["sentence2"]), prompt_name="Classification")
     cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     assert score(model, task) == pytest.approx(100 * spearmanr(list(rows["score"]), cosine).statistic, abs=1e-4)
 

@@ -86,8 +86,7 @@ def test_routed_mote_graph_splits_each_expert_layer_once(mote_onnx, tmp_path):
         ops = optimized_ops(mote_onnx / file, tmp_path)
         assert ops["NonZero"] == 0, (file, ops)
         assert ops["Split"] >= len(expert_layers), (file, ops)  # one per expert layer (and any onnxruntime fuses)
-        # the prompts are read once, every prefix at once (`detect_task_ids`), by the graph's input step: the model
-        # behind it does not read them again
+        # the prompts are read once, every prefix at once (`TaskRouter.match`)
         assert ops["ArgMax"] == 1, (file, ops)
     model = onnx.load(str(mote_onnx / "onnx/model.onnx"))
     produced_by = {output: node for node in model.graph.node for output in node.output}

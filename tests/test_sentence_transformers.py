@@ -8,9 +8,6 @@ from sentence_transformers import SentenceTransformer
 PROMPTS = {
     "query": "search_query: ",
     "document": "search_document: ",
-    "passage": "search_document: ",
-    "classification": "classification: ",
-    "clustering": "clustering: ",
     # mteb's task types that it encodes with no prompt type, each to the expert the MoTE paper maps it to
     "STS": "classification: ",
     "PairClassification": "classification: ",
@@ -49,10 +46,10 @@ def test_encode_query_document_and_task_kwarg_equal_dense(st_mote, st_dense):
 
     assert (st_mote.encode_query(TEXTS, convert_to_tensor=True) - dense("search_query: ")).abs().max() <= 1e-5
     assert (st_mote.encode_document(TEXTS, convert_to_tensor=True) - dense("search_document: ")).abs().max() <= 1e-5
-    # task= alone adds the task's prefix and routes to its expert
-    assert (
-        st_mote.encode(TEXTS, task="clustering", convert_to_tensor=True) - dense("clustering: ")
-    ).abs().max() <= 1e-5
+    # task= picks the expert and adds nothing (as `AutoModel(task=)` and a graph's `task_ids`); the prompt is read
+    assert (st_mote.encode(TEXTS, task="clustering", convert_to_tensor=True) - dense("")).abs().max() <= 1e-5
+    prompted = st_mote.encode(TEXTS, prompt_name="Clustering", convert_to_tensor=True)
+    assert (prompted - dense("clustering: ")).abs().max() <= 1e-5
     # raw text that already carries a prefix is routed by it
     raw = st_mote.encode(["classification: " + t for t in TEXTS], convert_to_tensor=True)
     assert (raw - dense("classification: ")).abs().max() <= 1e-5
@@ -84,8 +81,9 @@ def _routed_by(model, texts, prompt_name, **kwargs):
 
 def test_each_entry_point_routes_to_its_expert(st_mote_specialised):
     model = st_mote_specialised
-    assert _routed_by(model, TEXTS, "clustering") == ["clustering"]
-    assert _routed_by(model, TEXTS, "passage") == ["document"]
+    assert _routed_by(model, TEXTS, "Clustering") == ["clustering"]
+    assert _routed_by(model, TEXTS, "document") == ["document"]
+    assert _routed_by(model, TEXTS, "STS") == ["classification"]  # mteb's task types: their experts
     # an explicit task beats the prompt's prefix
     assert _routed_by(model, TEXTS, "query", task="classification") == ["classification"]
     query = model.encode_query(TEXTS, convert_to_tensor=True)
@@ -98,23 +96,23 @@ def test_each_entry_point_routes_to_its_expert(st_mote_specialised):
 
 
 def test_task_without_prefix_option(mote_dir):
-    """`prepend_task_prefix=False`: `task=`, a prompt that is a task prefix and a prefix at the start of a text
-    all pick the same expert, and the encoder sees the plain text in every case."""
+    """`prefix_routes_only`: `task=`, a prompt that is a task prefix and a prefix at the start of a text all pick
+    the same expert, and the encoder reads the plain text in every case."""
     from conftest import randomize_experts
 
     model = SentenceTransformer(mote_dir, trust_remote_code=True)
     randomize_experts(model[0].auto_model)
-    model[0].prepend_task_prefix = False
+    model[0].auto_model.config.prefix_routes_only = True
     with_task = model.encode(TEXTS, task="query", convert_to_tensor=True)
     fed = SentenceTransformer(mote_dir, trust_remote_code=True)
     fed[0].auto_model.load_state_dict(model[0].auto_model.state_dict())
-    reference = fed.encode(TEXTS, task="query", prompt="", convert_to_tensor=True)  # the query expert, no prefix
+    reference = fed.encode(TEXTS, task="query", convert_to_tensor=True)  # the query expert, no prefix
     assert torch.allclose(with_task, reference, atol=1e-6)
     assert torch.allclose(with_task, model.encode(TEXTS, prompt_name="query", convert_to_tensor=True), atol=1e-6)
     assert torch.allclose(with_task, model.encode_query(TEXTS, convert_to_tensor=True), atol=1e-6)
     raw = model.encode(["search_query: " + t for t in TEXTS], prompt="", convert_to_tensor=True)
     assert torch.allclose(with_task, raw, atol=1e-6)
-    # a mixed batch: each row's own prefix picks its expert; the default prompt does not override it
+    # a mixed batch: each row's own prefix picks its expert
     mixed = model.encode(["search_query: " + TEXTS[0], "clustering: " + TEXTS[1]], convert_to_tensor=True)
     assert torch.allclose(mixed[0], with_task[0], atol=1e-6)
     clustering = model.encode(TEXTS[1:2], task="clustering", convert_to_tensor=True)[0]
@@ -127,7 +125,7 @@ def test_prefix_routes_only_folder_embeds_plain_text_as_the_dense_model(dense_pa
 
     folder = upcycle(UpcycleOptions(base=dense_path, output=tmp_path / "route-only", prefix_routes_only=True))
     model = SentenceTransformer(str(folder), trust_remote_code=True)
-    assert model[0].prepend_task_prefix is False
+    assert model[0].auto_model.config.prefix_routes_only is True
     reference = st_dense.encode(TEXTS, convert_to_tensor=True)
     for kwargs in ({}, {"prompt_name": "query"}, {"prompt_name": "document"}, {"task": "clustering"}):
         assert torch.allclose(model.encode(TEXTS, convert_to_tensor=True, **kwargs), reference, atol=1e-5), kwargs
@@ -141,22 +139,23 @@ def test_unknown_task_and_missing_task_errors(st_mote):
 
 
 def test_plain_encode_uses_the_default_task(st_mote_specialised):
-    """Generic callers (mteb, vector databases) call `encode(texts)` with no prompt: the module routes it to
-    the default task's expert with its prefix, as the prompt itself would, and a named task still gets its own
-    prefix. The folder sets no `default_prompt_name` (the module applies the default), so loading it logs
-    no default-prompt warning."""
+    """Generic callers (mteb, vector databases) call `encode(texts)` with no prompt: the text, as it is, reaches
+    the default task's expert, as it does through `AutoModel` or the exported graph; `prompt=""` means the same.
+    The folder sets no `default_prompt_name`, so loading it logs no default-prompt warning."""
     model = st_mote_specialised
     assert model.default_prompt_name is None
-    assert model[0].auto_model.config.default_task == "classification"
+    config = model[0].auto_model.config
+    assert config.default_task == "classification"
     plain = model.encode(TEXTS, convert_to_tensor=True)
-    assert torch.equal(plain, model.encode(TEXTS, prompt_name="classification", convert_to_tensor=True))
-    prefixed = model.encode(["classification: " + t for t in TEXTS], prompt="", convert_to_tensor=True)
-    assert torch.allclose(plain, prefixed, atol=1e-6)
+    assert torch.allclose(plain, model.encode(TEXTS, prompt="", convert_to_tensor=True), atol=1e-6)
+    assert torch.allclose(plain, model.encode(TEXTS, task="classification", convert_to_tensor=True), atol=1e-6)
+    features = model.tokenize(TEXTS)
+    assert features["input_ids"].tolist() == model.tokenizer(TEXTS, padding=True)["input_ids"]  # nothing added
+    # the prompt is read: not the plain text's vector
+    assert not torch.allclose(plain, model.encode(TEXTS, prompt_name="Classification", convert_to_tensor=True), 1e-3)
     clustering = model.encode(TEXTS, task="clustering", convert_to_tensor=True)
-    by_prefix = model.encode(["clustering: " + t for t in TEXTS], prompt="", convert_to_tensor=True)
-    assert torch.allclose(clustering, by_prefix, atol=1e-6)
-    # a text that already carries a task prefix keeps it: the default prompt is not put in front of it
-    assert torch.allclose(
-        model.encode(["clustering: " + t for t in TEXTS], convert_to_tensor=True), by_prefix, atol=1e-6
-    )
     assert not torch.allclose(plain, clustering, atol=1e-3)
+    # a text's own prefix routes it
+    by_prefix = model.encode(["clustering: " + t for t in TEXTS], convert_to_tensor=True)
+    prompted = model.encode(TEXTS, prompt_name="Clustering", convert_to_tensor=True)
+    assert torch.allclose(by_prefix, prompted, atol=1e-6)

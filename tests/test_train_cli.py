@@ -87,11 +87,11 @@ def test_static_curriculum_mixes_tasks_with_prompts_in_the_text(workdir, mote_di
     # the batches mix tasks, and MoTE routes each row by the prefix in its text
     first = rows.select(range(8))["anchor"]
     assert len({text.split(": ")[0] for text in first}) == 2
-    from modeling.modeling_mote import detect_task_ids
+    from modeling.task_router import TaskRouter
 
     ids = model.tokenize(first)["input_ids"]
     tasks = model[0].auto_model.config.tasks
-    assert [tasks[i] for i in detect_task_ids(ids, model[0].auto_model.config)] == [
+    assert [tasks[i] for i in TaskRouter(model[0].auto_model.config).match(ids)[0]] == [
         "query" if text.startswith("search_query") else "clustering" for text in first
     ]
 

@@ -94,8 +94,7 @@ def test_mote_from_dense_training_only_experts_leaves_the_rest_bit_identical(tmp
     trained = load_file(str(tmp_path / "out" / "model.safetensors"))
     saved = json.loads((tmp_path / "out" / "config.json").read_text())
     assert saved["model_type"] == "mote_bert" and saved["expert_layers"] == list(range(saved["num_hidden_layers"]))
-    module = json.loads((tmp_path / "out" / "sentence_bert_config.json").read_text())
-    assert module.get("prepend_task_prefix", True) is not prefix_routes_only
+    assert saved["prefix_routes_only"] is prefix_routes_only
     shared = [key for key in trained if ".experts." not in key]
     assert shared and all(torch.equal(trained[key], dense[key]) for key in shared)
     query = saved["tasks"].index("query")

@@ -131,7 +131,6 @@ def test_overwrite_replaces_atomically(dense_path, tmp_path, capsys):
     assert read_json(out / "config_sentence_transformers.json")["prompts"] == {
         "query": "search_query: ",
         "document": "search_document: ",
-        "passage": "search_document: ",
     }
     assert _leftovers(tmp_path) == []
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from modeling.defaults import TASK_TYPE_EXPERTS
+from modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def column_prompts(kind: TaskType, columns: list[str], prompts: dict[str, str]) 
     """Prompt text per column, from the model's prompts (columns whose prompt the model lacks get none)."""
     result = {}
     for column in columns:
-        name = kind.column_prompts.get(column, kind.column_prompts["*"])
+        name = prompt_key(kind.column_prompts.get(column, kind.column_prompts["*"]))
         if name in prompts:
             result[column] = prompts[name]
     return result
