@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The client matrix of docs/clients.md: build the clients' environments (.venv-clients: LangChain, LlamaIndex,
+# Chroma, txtai, Haystack, fastembed, mteb; .venv-clients-infinity: Infinity, whose pins conflict with the
+# others), make a MoTE folder whose experts differ, a token-routed MoE folder and their ONNX exports with this
+# project's .venv (scripts/clients/make_folders.py), then run every client snippet of docs/clients.md in its
+# environment, from outside the repository (scripts/clients/check_clients.py): queries must reach the query
+# expert and documents the document expert, as sentence-transformers' encode_query / encode_document do; and
+# transformers.js (npm, in Node) on the exported folders (scripts/clients/js/check.mjs).
+# Needs .venv (scripts/setup_env.sh); pip's cache makes later runs offline. Prints one line per client.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+start=$SECONDS
+PYTHON=${PYTHON:-python3}
+TORCH=${MOE_EMBED_TORCH:-torch==2.13.0}
+
+venv() {  # venv NAME: create it if missing, torch first (a CPU wheel; unpinned it would pull a CUDA build)
+  if [ ! -x "$1/bin/python" ]; then
+    "$PYTHON" -m venv "$1"
+  fi
+  "$1/bin/python" -m pip install --quiet "$TORCH"
+}
+
+venv .venv-clients
+.venv-clients/bin/python -m pip install --quiet "sentence-transformers==6.2.0" "transformers==5.24.0" \
+  "langchain-huggingface==1.2.3" "llama-index-embeddings-huggingface==0.8.0" "llama-index-core==0.14.25" \
+  "chromadb==1.5.9" "txtai==9.14.0" "haystack-ai==3.4.1" "sentence-transformers-haystack==2.0.0" \
+  "fastembed==0.9.1" "mteb==2.26.24"
+
+# infinity-emb 0.0.78 pins sentence-transformers<4 (3.4.1, which the folders' code refuses: it needs >=5.1) and
+# breaks on transformers 5 (it calls the tokenizer's batch_encode_plus): installed without its pins beside
+# sentence-transformers 5.7 and transformers 4.57 (docs/clients.md, Infinity)
+venv .venv-clients-infinity
+.venv-clients-infinity/bin/python -m pip install --quiet "transformers==4.57.6" "sentence-transformers==5.7.0" \
+  "huggingface-hub==0.36.2" "numpy==1.26.4" "requests==2.34.2"
+.venv-clients-infinity/bin/python -m pip install --quiet --no-deps "infinity-emb==0.0.78"
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# offline, the folders' code in a module cache of this run (two folders named mote must not share one), no telemetry
+export HF_HUB_OFFLINE=1 HF_MODULES_CACHE="$work/modules" ANONYMIZED_TELEMETRY=False DO_NOT_TRACK=1
+.venv/bin/python scripts/clients/make_folders.py "$work/folders"
+
+status=0
+# transformers.js in Node on the exported folders (onnxruntime-node's post-install would fetch CUDA files from a host
+# this machine cannot reach; its CPU binaries ship in the npm package)
+(cd scripts/clients/js && ONNXRUNTIME_NODE_INSTALL=skip ONNXRUNTIME_NODE_INSTALL_CUDA=skip \
+  npm install --no-audit --no-fund --loglevel=error)
+node scripts/clients/js/check.mjs "$work/folders/mote-onnx" "$work/folders/mote-onnx.reference.json" \
+  --int8-file onnx/model_qint8_avx512_vnni.onnx || status=1
+node scripts/clients/js/check.mjs "$work/folders/moe-onnx" "$work/folders/moe-onnx.reference.json" || status=1
+mkdir "$work/run"
+# run from outside the repository, so that only the code inside the folders can be imported
+cd "$work/run"
+"$repo/.venv-clients/bin/python" "$repo/scripts/clients/check_clients.py" "$work/folders" \
+  --clients langchain,llamaindex,chromadb,txtai,haystack,fastembed,mteb || status=1
+"$repo/.venv-clients-infinity/bin/python" "$repo/scripts/clients/check_clients.py" "$work/folders" \
+  --clients infinity || status=1
+echo "client matrix $([ "$status" = 0 ] && echo passed || echo FAILED) in $((SECONDS - start)) s"
+exit "$status"
