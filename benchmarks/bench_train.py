@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import BASE_HELP
+from modeling.defaults import prompt_key
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,7 +71,7 @@ def batches(model, rows: list[dict], batch_size: int, steps: int) -> list[tuple[
         _, anchor_prompt, other_prompt, tau = TASK_STEPS[step % len(TASK_STEPS)]
         chunk = [rows[(step * batch_size + i) % len(rows)] for i in range(batch_size)]
         columns = [(anchor_prompt, "anchor"), (other_prompt, "positive"), (other_prompt, "negative")]
-        result.append(([model.tokenize([prompts[p] + row[c] for row in chunk]) for p, c in columns], tau))
+        result.append(([model.tokenize([prompts[prompt_key(p)] + row[c] for row in chunk]) for p, c in columns], tau))
     return result
 
 

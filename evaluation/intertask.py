@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from modeling.defaults import prompt_key
 from moe_embed import data as D
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.folders import load_sentence_transformer
@@ -38,13 +39,13 @@ LABELS = {
 
 def task_embeddings(model, texts: list[str], batch_size: int = 32) -> dict[str, np.ndarray]:
     """Unit-normalised embeddings of `texts` under each task's prompt; a UsageError if a prompt is missing."""
-    missing = [task for task in TASKS if task not in (model.prompts or {})]
+    missing = [task for task in TASKS if prompt_key(task) not in (model.prompts or {})]
     if missing:
         raise UsageError(f"the model defines no prompt for {missing}; expected prompts named {', '.join(TASKS)}")
     return {
         task: model.encode(
             texts,
-            prompt_name=task,
+            prompt_name=prompt_key(task),
             batch_size=batch_size,
             normalize_embeddings=True,
             convert_to_numpy=True,

@@ -257,3 +257,18 @@ def test_an_old_sentence_transformers_gets_one_line_naming_the_version(monkeypat
         importlib.reload(modeling.st_compat)
     monkeypatch.undo()
     importlib.reload(modeling.st_compat)
+
+
+def test_a_task_name_finds_its_prompt_where_a_prompt_name_is_asked_for(mote_dir):
+    """`moe-embed embed --task classification` and the inter-task analysis name MoTE tasks; the folder's prompt
+    names are mteb's (`Classification`): the task's name finds its prompt, a prompt name itself still works."""
+    from training.embedders import prompt_name
+
+    prompts = SentenceTransformer(mote_dir, trust_remote_code=True).prompts
+    assert [prompts[prompt_name(task, prompts)] for task in ("query", "document", "classification", "clustering")] == [
+        "search_query: ",
+        "search_document: ",
+        "classification: ",
+        "clustering: ",
+    ]
+    assert prompt_name("STS", prompts) == "STS" and prompt_name("legal", prompts) == "legal"  # unknown: as given

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from modeling.defaults import prompt_key
 from moe_embed.usage import UsageError
 
 GRAPH = "onnx/model.onnx"
@@ -45,9 +46,14 @@ def check_model(model: str, task: str | None, onnx_file: str | None, trust_remot
     if onnx and not (folder / (onnx_file or GRAPH)).is_file():
         raise UsageError(f"{model} has no {onnx_file or GRAPH} (--onnx-file)")
     prompts = folder_prompts(folder)
-    if task is not None and task not in prompts:
+    if task is not None and prompt_name(task, prompts) not in prompts:
         raise UsageError(f"{model} has no prompt {task!r} for --task; its prompts are: {', '.join(prompts) or 'none'}")
     return str(folder)
+
+
+def prompt_name(task: str, prompts: dict) -> str:
+    """The prompt `--task` names: a prompt name, or a MoTE task's name (`classification` -> `Classification`)."""
+    return task if task in prompts else prompt_key(task)
 
 
 def untruncated(tokenizer):
@@ -67,8 +73,9 @@ class Embedder:
 
     def __init__(self, model: str, task: str | None, *, onnx_file: str | None = None, trust_remote_code=False):
         """`model`: a local folder that `check_model` accepted."""
-        self.task = task
-        self.prompt = folder_prompts(Path(model)).get(task, "") if task else ""
+        prompts = folder_prompts(Path(model))
+        self.task = prompt_name(task, prompts) if task else None
+        self.prompt = prompts.get(self.task, "") if task else ""
         if is_onnx_folder(model):
             self._load_onnx(Path(model), onnx_file or GRAPH)
         else:
