@@ -14,10 +14,17 @@ start=$SECONDS
 PYTHON=${PYTHON:-python3}
 TORCH=${MOE_EMBED_TORCH:-torch==2.13.0}
 
+# The environments are built once per version of this script (its pins) in a cache outside the repository
+# ($MOE_EMBED_VENV_CACHE, default ~/.cache/moe-embed), as CI systems cache them, and linked as .venv-clients*: a
+# fresh clone reuses them instead of installing ~2 GB again; a change of pins builds new ones.
+cache=${MOE_EMBED_VENV_CACHE:-$HOME/.cache/moe-embed}
+key=$(sha256sum "$0" | cut -c1-12)
 venv() {  # venv NAME: create it if missing, torch first (a CPU wheel; unpinned it would pull a CUDA build)
-  if [ ! -x "$1/bin/python" ]; then
-    "$PYTHON" -m venv "$1"
+  if [ ! -x "$cache/$1-$key/bin/python" ]; then
+    mkdir -p "$cache"
+    "$PYTHON" -m venv "$cache/$1-$key"
   fi
+  ln -sfn "$cache/$1-$key" "$1"
   "$1/bin/python" -m pip install --quiet "$TORCH"
 }
 
