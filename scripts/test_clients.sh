@@ -18,7 +18,7 @@ TORCH=${MOE_EMBED_TORCH:-torch==2.13.0}
 # ($MOE_EMBED_VENV_CACHE, default ~/.cache/moe-embed), as CI systems cache them, and linked as .venv-clients*: a
 # fresh clone reuses them instead of installing ~2 GB again; a change of pins builds new ones.
 cache=${MOE_EMBED_VENV_CACHE:-$HOME/.cache/moe-embed}
-key=$(sha256sum "$0" | cut -c1-12)
+key=$(sha256sum "$repo/scripts/test_clients.sh" | cut -c1-12)
 venv() {  # venv NAME: create it if missing, torch first (a CPU wheel; unpinned it would pull a CUDA build)
   if [ ! -x "$cache/$1-$key/bin/python" ]; then
     mkdir -p "$cache"
