@@ -17,7 +17,7 @@ from convert.cards import HUB_CARDS_DIR, PLACEHOLDER_OWNER, looks_like_hub_id
 from convert.checkpoint import copy_modeling_files
 from modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
 from modeling.manifest import FOLDER_FILES, HUB_TAGS, MODEL_TYPE_TAGS, ST_MODULES
-from modeling.st_folder import write_model_config
+from modeling.st_folder import PORTABLE_MODULES, write_model_config
 from moe_embed.files import atomic_output_dir, read_json, write_json
 from moe_embed.usage import UsageError
 
@@ -196,7 +196,15 @@ def write_folder(target: Path, model, tokenizer, settings: dict, source_name: st
     tokenizer.save_pretrained(target)
     write_json(target / "aea_config.json", settings)
     copy_modeling_files(target, FOLDER_FILES["aea"])
-    write_json(target / "modules.json", [{"idx": 0, "name": "0", "path": "", "type": ST_MODULES["aea"]}])
+    # normalised, as every other folder's embeddings are (cosine scores are unchanged; a dot product becomes one)
+    (target / "1_Normalize").mkdir()
+    write_json(
+        target / "modules.json",
+        [
+            {"idx": 0, "name": "0", "path": "", "type": ST_MODULES["aea"]},
+            {"idx": 1, "name": "1", "path": "1_Normalize", "type": PORTABLE_MODULES["Normalize"]},
+        ],
+    )
     write_json(target / "sentence_bert_config.json", {"transformer_task": "feature-extraction"})
     write_model_config(target, prompts={})
     render_aea_card(target, settings, source_name, repo_id)

@@ -53,7 +53,8 @@ def read_config(folder: Path) -> dict:
 
 
 def in_process_embeddings(source: str, config: dict, texts: list[str]) -> torch.Tensor:
-    """The embeddings the calibrated settings give on the source model, computed in this process."""
+    """The embeddings the calibrated settings give on the source model, computed in this process, normalised as the
+    folder's `Normalize` module does."""
     from transformers import AutoModel, AutoTokenizer
 
     model = AutoModel.from_pretrained(source, trust_remote_code=True, attn_implementation="eager").eval()
@@ -61,7 +62,8 @@ def in_process_embeddings(source: str, config: dict, texts: list[str]) -> torch.
     controller = AdaptiveExpertAllocation(
         model, config["layer_top_k"], config["token_wise"], config["rounding"], config["exit_layer"]
     )
-    return embed(controller, tokenizer, texts, config["prompt_template"], config["pooling"], config["embedding"])
+    raw = embed(controller, tokenizer, texts, config["prompt_template"], config["pooling"], config["embedding"])
+    return torch.nn.functional.normalize(raw, dim=-1)
 
 
 LOAD_IN_FRESH_PROCESS = """
@@ -127,13 +129,15 @@ def test_allocation_none_is_the_unmodified_model(olmoe_dir, calibration_file, tm
     config = read_config(output)
     assert config["layer_top_k"] == [2, 2, 0, 0] and config["token_wise"] is False
     embeddings = SentenceTransformer(str(output), trust_remote_code=True).encode(TEXTS, convert_to_tensor=True)
+    torch.testing.assert_close(embeddings.norm(dim=-1), torch.ones(len(TEXTS)))  # unit vectors, as every folder's
     model = AutoModel.from_pretrained(olmoe_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(olmoe_dir)
     for row, text in enumerate(TEXTS):
         batch = tokenizer([PROMPT_EOL.replace("[TEXT]", text)], return_tensors="pt")
         with torch.no_grad():
             hidden = model(**batch, output_hidden_states=True).hidden_states[2]  # output of layer 2
-        torch.testing.assert_close(embeddings[row], hidden[0, -1], atol=1e-5, rtol=1e-5)
+        expected = torch.nn.functional.normalize(hidden[0, -1], dim=-1)  # the folder's embeddings are unit vectors
+        torch.testing.assert_close(embeddings[row], expected, atol=1e-5, rtol=1e-5)
 
 
 def write_sts_dev(data: Path, rows: list[tuple[float, str, str]]) -> None:
