@@ -4,6 +4,8 @@ Representation for Mixture-of-Experts in Parameter-Efficient Fine-tuning")."""
 
 # transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
 # so every sibling this file needs, directly or not, is imported here by name.
+import os
+
 from .compat import DATACLASS_CONFIGS  # noqa: F401
 from .configuration_encoder import EncoderConfig, check_top_k, resolve_layer_indices
 from .defaults import COMOE
@@ -93,6 +95,13 @@ class CoMoeBertConfig(EncoderConfig):
     router_aux_loss_coef: float = COMOE.router_aux_loss_coef
     output_router_logits: bool = False
     base_model_name_or_path: str | None = None
+
+    def __setattr__(self, key, value):
+        # a path given as `os.PathLike` (`from_pretrained(..., base_model_name_or_path=Path(...))`, which
+        # `AutoConfig` sets on the config) is kept as the string a `config.json` can hold
+        if key == "base_model_name_or_path" and isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        super().__setattr__(key, value)
 
     def __post_init__(self, **kwargs):
         check_top_k(self.num_local_experts, self.num_experts_per_tok)

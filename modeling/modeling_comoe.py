@@ -13,6 +13,7 @@ its siblings.
 """
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
@@ -265,12 +266,17 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
             return loaded
         where = f"{pretrained_model_name_or_path}/adapter_config.json"
         config = kwargs.pop("config", None)
+        given = getattr(config, "base_model_name_or_path", None)  # a config of this folder's own code, or another copy
+        if given and given != settings.get("base_model_name_or_path"):
+            # `AutoModel.from_pretrained(..., base_model_name_or_path=X)`: `AutoConfig` took the argument as the
+            # config's attribute; it is the caller's, meant for this load
+            base_model_name_or_path = base_model_name_or_path or given
         if not isinstance(config, CoMoeBertConfig):
             config = cls.config_class.from_pretrained(pretrained_model_name_or_path, **hub_kwargs)
         kwargs.pop("adapter_kwargs", None)  # transformers' peft integration: this adapter is loaded below
         want_info = kwargs.pop("output_loading_info", False)
         check_settings(settings, config, where)
-        named = base_model_name_or_path or settings.get("base_model_name_or_path")
+        named = os.fspath(base_model_name_or_path or settings.get("base_model_name_or_path"))
         base = resolve_base(named, pretrained_model_name_or_path, where)
         base_kwargs = {k: v for k, v in kwargs.items() if k not in ("revision", "subfolder")}  # they locate the adapter
         check_base(config, base, where, {k: v for k, v in hub_kwargs.items() if k in base_kwargs})

@@ -148,6 +148,14 @@ def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, dense_pat
     assert settings["base_model_name_or_path"] == BUNDLED_MODEL_ID
     with pytest.raises(ValueError, match=r"cannot find the base model .*base_model_name_or_path=FOLDER"):
         AutoModel.from_pretrained(str(tmp_path / "adapter"), trust_remote_code=True)  # offline: no Hub
+    # the fix the message names works through AutoModel too, the path as a string or an os.PathLike
+    for base in (dense_path, Path(dense_path)):
+        loaded = AutoModel.from_pretrained(
+            str(tmp_path / "adapter"), trust_remote_code=True, base_model_name_or_path=base
+        )
+        assert all(torch.equal(loaded.state_dict()[k], v) for k, v in model.state_dict().items())
+        assert loaded.config.base_model_name_or_path == str(dense_path)
+        loaded.config.to_json_string()  # the config stays serialisable
     adapter = SentenceTransformer(
         str(tmp_path / "adapter"),
         trust_remote_code=True,
