@@ -2,7 +2,7 @@
 
     moe-embed push models/mote-minilm --repo-id you/mote-minilm
     moe-embed push models/minilm-ea --repo-id you/minilm-ea --private --revision v1
-    moe-embed push models/comoe-adapter --repo-id you/comoe-adapter \
+    moe-embed push models/comoe-adapter --repo-id you/comoe-adapter \\
         --base-model-id sentence-transformers/all-MiniLM-L6-v2      # adapter-only folder of a local base
 
 (`python convert/push_to_hub.py ...` is the same command.) Before anything is uploaded, the folder is loaded

@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     parser.add_argument("--tasks", default="all", help="comma-separated evaluation.run task names, or 'all'")
     parser.add_argument("--max-texts", type=int, default=256, help="texts per task (default 256)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the text draw (default 0)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default: %(default)s)")
     parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
     parser.add_argument("--output", default=None, help="JSON file for the numbers")
     parser.add_argument("--plot", default=None, help="image file for the figure (needs matplotlib)")

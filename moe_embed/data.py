@@ -310,11 +310,15 @@ def select(spec: str | None) -> list[str]:
 def build_parser(prog: str | None = None):
     parser = command_parser(__doc__, prog)
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    fetch = actions.add_parser("download", help="copy Hub datasets into a data folder")
+    what = "copy Hub datasets into a data folder"
+    fetch = actions.add_parser(
+        "download", help=what, description=f"{what[0].upper()}{what[1:]}, in their repositories' layout."
+    )
     fetch.add_argument("dir", help="the data folder (created if missing); pass it later as --data-dir")
     fetch.add_argument("--datasets", help="comma-separated Hub ids (default: every dataset of `data list`)")
     fetch.add_argument("--overwrite", action="store_true", help="fetch again copies that are already there")
-    actions.add_parser("list", help="the datasets this package names, what uses them and their licences")
+    what = "the datasets this package names, what uses them and their licences"
+    actions.add_parser("list", help=what, description=f"Print {what}.")
     return parser
 
 

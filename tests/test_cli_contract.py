@@ -33,3 +33,21 @@ def test_other_exceptions_are_bugs_and_propagate():
 
 def test_main_gets_argv_and_its_result_is_returned():
     assert run_cli(lambda argv: ["seen", *argv], ["--x"]) == ["seen", "--x"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["push", "--help"], "you/comoe-adapter \\\n        --base-model-id"),  # the continuation, on two lines
+        (["data", "list", "--help"], "Print the datasets this package names"),
+        (["data", "download", "--help"], "Copy Hub datasets into a data folder"),
+        (["expert-usage", "--help"], "texts per forward pass"),
+    ],
+)
+def test_help_texts_say_what_each_command_and_option_does(argv, expected, capsys):
+    from moe_embed_cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0
+    assert expected in capsys.readouterr().out
