@@ -252,7 +252,9 @@ def test_duplicated_ids_fail_naming_them(memory_mib, dense_path, tmp_path, capsy
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS[:6], ids=["x", "y", "z", "y", "w", "x"])
     args = [str(corpus), "--output", str(tmp_path / "out"), "--rows-per-shard", "2"]  # copies in other shards
     code, err = run_main(embed_main, dense_path, *args, capsys=capsys)
-    assert code == 2 and "2 ids appear more than once: x, y" in err.strip().splitlines()[-1], err
+    assert (
+        code == 2 and "the input repeats 2 ids: x, y (each row needs an id of its own" in err.strip().splitlines()[-1]
+    ), err
 
 
 def test_repeated_ids_are_found_in_any_memory():

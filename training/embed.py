@@ -440,7 +440,8 @@ def verify(output: Path, shards: list[Shard]) -> tuple[int, list[dict], int]:
             names.update(ids[i] for i in np.flatnonzero(np.isin(id_hashes(ids), list(repeated))))
         names = sorted(names)
         problems.append(
-            f"{len(names)} ids appear more than once: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''}"
+            f"the input repeats {len(names)} ids: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''} (each "
+            "row needs an id of its own: fix the input, or name another column with --id-column)"
         )
     if problems:
         raise UsageError("the output is not exact: " + "; ".join(problems))
