@@ -145,6 +145,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
             config.active_tasks = [config.tasks[i] for i in active]
         super().__init__(config)
         self.build_encoder(MoteBertLayer, config.expert_layers)
+        self.router = TaskRouter(self.config)  # the routing rule of every caller, built once (`task_router.py`)
         inactive = sorted(set(range(config.num_tasks)) - set(active))
         if inactive:  # their tensors in a checkpoint are expected and left unread
             self._keys_to_ignore_on_load_unexpected = [
@@ -210,7 +211,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
         batch_size = reference.shape[0]
         if batch_size == 0:
             raise ValueError("Got an empty batch: `input_ids` has 0 rows")
-        router = TaskRouter(self.config)
+        router = self.router
         exporting = is_exporting()
         explicit = router.explicit(task, task_ids, batch_size, reference.device, check=not exporting)
         hide = self.config.prefix_routes_only and input_ids is not None

@@ -18,7 +18,6 @@ from .configuration_mote import MoteBertConfig  # noqa: F401
 from .defaults import DEFAULT_TASK  # noqa: F401
 from .modeling_encoder import EncoderLayer  # noqa: F401
 from .st_compat import Transformer, init_kwargs, tokenize_texts
-from .task_router import TaskRouter
 
 
 class MoteTransformer(Transformer):
@@ -47,8 +46,7 @@ class MoteTransformer(Transformer):
                 f"`task` takes one task name per call, got {type(task).__name__}; encode each task's texts "
                 "separately (per-row tasks: call the model directly with `task=[...]`)"
             )
-        router = TaskRouter(self.auto_model.config)
-        explicit = router.explicit(task, None, rows, "cpu")  # ValueError listing the valid tasks
+        explicit = self.auto_model.router.explicit(task, None, rows, "cpu")  # ValueError listing the valid tasks
         features["task_ids"] = explicit if explicit is not None else torch.full((rows,), -1, dtype=torch.long)
         return features
 

@@ -400,6 +400,21 @@ def run_repo_script(relative_path: str, *args: str, capsys) -> str:
     return capsys.readouterr().out
 
 
+def record_experts(st) -> list:
+    """The `task_ids` each forward pass of a MoTE `SentenceTransformer`'s model routed to, in order (appended to
+    the list returned). sentence-transformers calls the model's `forward` itself, so no module hook would run."""
+    seen, model = [], st[0].auto_model
+    forward = model.forward
+
+    def recording(*args, **kwargs):
+        output = forward(*args, **kwargs)
+        seen.append(output.task_ids)
+        return output
+
+    model.forward = recording
+    return seen
+
+
 def save_trained_copy(folder: str, target: Path, seed: int):
     """Save a copy of a model folder whose experts were perturbed (as by training); its model."""
     from sentence_transformers import SentenceTransformer

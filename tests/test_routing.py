@@ -6,7 +6,7 @@ client feeds it (fp32 and int8) and OpenVINO. The expected experts are written h
 import numpy as np
 import pytest
 import torch
-from conftest import client_feed, save_trained_copy
+from conftest import client_feed, record_experts, save_trained_copy
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer
 
@@ -57,15 +57,7 @@ def folder(request, mote_dir, tmp_path_factory):
 def st_path(folder, cases):
     """sentence-transformers: each case's `encode` call; the experts as the model reported them."""
     st = SentenceTransformer(str(folder), trust_remote_code=True)
-    seen, model = [], st[0].auto_model
-    forward = model.forward  # sentence-transformers calls `forward` itself (no module hooks run)
-
-    def recording(*args, **kwargs):
-        output = forward(*args, **kwargs)
-        seen.append(output.task_ids)
-        return output
-
-    model.forward = recording
+    seen = record_experts(st)
     vectors = [st.encode([text], **call)[0] for text, call, _ in cases]
     return np.stack(vectors), [int(ids[0]) for ids in seen], st
 
