@@ -10,8 +10,8 @@ each loaded once. For each family and batch size the same corpus is embedded two
 
 - `encode`: `SentenceTransformer.encode` over every text in one call;
 - `actor`: what one Ray Data actor of `moe-embed embed` runs for each of its shards, without Ray around it
-  (`training.embed.embed_shard`: read the shard from the JSON-lines corpus, check its rows, embed through
-  `training.embedders.Embedder`, write the Parquet shard and its summary).
+  (`moe_embed.training.embed.embed_shard`: read the shard from the JSON-lines corpus, check its rows, embed through
+  `moe_embed.training.embedders.Embedder`, write the Parquet shard and its summary).
 
 A cluster's rate is about the sum of its actors' rates (shards are independent), so `actor` times the number of
 actors is what to expect of a job on many nodes or GPUs; `benchmarks/bench_embed.py` measures the whole job
@@ -38,7 +38,7 @@ def family_folder(family: str, base: str, work: Path) -> str:
     """The folder of `family`: the base itself, or the base upcycled into `work`."""
     if FAMILIES[family] is None:
         return base
-    from convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
 
     return str(upcycle(UpcycleOptions(output=work / family, arch=FAMILIES[family], base=base)))
 
@@ -52,7 +52,7 @@ def time_encode(model, texts: list[str], batch_size: int, task: str | None) -> f
 
 
 def time_actor(embedder, shards, options, output: Path) -> float:
-    from training.embed import embed_shard
+    from moe_embed.training.embed import embed_shard
 
     shutil.rmtree(output, ignore_errors=True)
     output.mkdir(parents=True)
@@ -101,9 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     from sentence_transformers import SentenceTransformer
 
     from moe_embed.folders import bundled_minilm_path
-    from training.corpus import Corpus, plan_shards
-    from training.embed import EmbedOptions
-    from training.embedders import Embedder
+    from moe_embed.training.corpus import Corpus, plan_shards
+    from moe_embed.training.embed import EmbedOptions
+    from moe_embed.training.embedders import Embedder
 
     base = args.base or bundled_minilm_path()
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,11 +28,11 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel
 
 from benchmarks.common import prepare, random_ids, time_forward, timing_parser
-from convert.upcycle import UpcycleOptions, upcycle
-from modeling.aea_allocation import allocate_layers
-from modeling.aea_controller import AdaptiveExpertAllocation
-from modeling.aea_homogeneity import measure_homogeneity
-from modeling.aea_layers import experts_arguments, find_moe_layers
+from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.modeling.aea_allocation import allocate_layers
+from moe_embed.modeling.aea_controller import AdaptiveExpertAllocation
+from moe_embed.modeling.aea_homogeneity import measure_homogeneity
+from moe_embed.modeling.aea_layers import experts_arguments, find_moe_layers
 from moe_embed.usage import parse, run_cli
 
 # the MoE encoder of experiments/aea_moe_encoder.py: every layer, 8 experts, top-2, experts that differ

@@ -27,9 +27,9 @@ from tqdm.auto import tqdm
 from transformers import AutoModel
 
 from benchmarks.common import dense_base, prepare, random_ids, time_forward, timing_parser
-from convert.merging import dense_config
-from convert.upcycle import UpcycleOptions, upcycle
-from modeling.modeling_comoe import CoMoeBertModel
+from moe_embed.convert.merging import dense_config
+from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 from moe_embed.usage import parse, run_cli
 
 

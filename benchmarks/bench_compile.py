@@ -23,8 +23,8 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from benchmarks.common import batch_of, median_rates, prepare, timing_parser
-from convert.upcycle import UpcycleOptions, upcycle
-from modeling.modeling_mote import MoteBertModel
+from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.modeling.modeling_mote import MoteBertModel
 from moe_embed.usage import parse, run_cli
 
 VARIANTS = {

@@ -30,7 +30,7 @@ actor), which separates the per-row part of the gap from the fixed one.
 that both sizes fill their shards), with the peak resident memory (`VmHWM`) of the driver process and of the
 worker (reported by each shard): flat when the corpus streams.
 
-`--id-check-sizes`: the job's final id check (`training.embed.repeated_hashes`) alone, on that many random
+`--id-check-sizes`: the job's final id check (`moe_embed.training.embed.repeated_hashes`) alone, on that many random
 64-bit hashes in batches of a million (a million-row shard each), in a fresh process: its seconds and the
 process's peak memory, which stays near `ID_CHECK_MIB` however many ids a corpus has.
 """
@@ -62,7 +62,7 @@ method, corpus, output, model, onnx_dir, rows_per_shard = sys.argv[1:7]
 import torch, sentence_transformers  # the libraries, imported before the clock starts
 if method.startswith("ray"):
     import ray
-from training.embed import EmbedOptions, embed_corpus, peak_rss_mib
+from moe_embed.training.embed import EmbedOptions, embed_corpus, peak_rss_mib
 texts = [json.loads(line)["text"] for line in open(corpus)]
 if method.startswith("ray-") and method != "ray":
     ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
@@ -97,7 +97,7 @@ print(json.dumps({"seconds": seconds, "driver_mib": peak_rss_mib(), "model_secon
 ID_CHECK = r"""
 import json, sys, time
 import numpy as np
-from training.embed import ID_CHECK_MIB, peak_rss_mib, repeated_hashes
+from moe_embed.training.embed import ID_CHECK_MIB, peak_rss_mib, repeated_hashes
 rows, batch = int(sys.argv[1]), 1_000_000
 start_mib = peak_rss_mib()
 def batches():
@@ -121,7 +121,7 @@ def id_check(rows: int) -> dict:
 def corpus_texts(count: int, seed: int = 0, words: tuple[int, int] = (8, 24)) -> list[str]:
     """`count` texts of `words` words (8 to 24 by default: short texts) recombined from the sentences the package
     ships, seeded."""
-    from convert.openvino_int8 import CALIBRATION_TEXTS
+    from moe_embed.convert.openvino_int8 import CALIBRATION_TEXTS
 
     vocabulary = CALIBRATION_TEXTS.read_text(encoding="utf-8").split()
     rng = random.Random(seed)
@@ -140,7 +140,7 @@ def run_method(method: str, corpus: Path, work: Path, model: str, onnx_dir: Path
     `moe-embed embed` as a command (its `seconds` are its `wall`)."""
     output = work / f"out-{method}"
     if method == "cli":
-        command = [sys.executable, "-m", "training.embed", model, str(corpus), "--output", str(output)]
+        command = [sys.executable, "-m", "moe_embed.training.embed", model, str(corpus), "--output", str(output)]
         command += ["--batch-size", "64", "--rows-per-shard", str(rows_per_shard)]
     else:
         command = [sys.executable, "-c", RUN, method, str(corpus), str(output), model, str(onnx_dir)]
@@ -171,7 +171,7 @@ def best_of(rate: dict) -> float:
 
 
 def export_int8(work: Path, model: str) -> Path:
-    from convert.export_onnx import ExportOptions, export_onnx
+    from moe_embed.convert.export_onnx import ExportOptions, export_onnx
 
     return export_onnx(ExportOptions(model_dir=model, output=work / "minilm-onnx", quantize="int8"))
 

@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         folder, kwargs, num_texts = args.worker
         return worker(folder, json.loads(kwargs), int(num_texts))
 
-    from convert.merge_experts import MergeOptions, merge
-    from convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.merge_experts import MergeOptions, merge
+    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
     from moe_embed.folders import bundled_minilm_path
 
     dense = bundled_minilm_path()

@@ -25,8 +25,8 @@ from tqdm.auto import tqdm
 from transformers import AutoModel
 
 from benchmarks.common import dense_base, prepare, random_ids, time_forward, timing_parser
-from convert.upcycle import UpcycleOptions, upcycle
-from modeling.modeling_moe import MoeBertModel
+from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.modeling.modeling_moe import MoeBertModel
 from moe_embed.usage import parse, run_cli
 
 IMPLEMENTATIONS = ["eager", "grouped_mm", "batched_mm"]

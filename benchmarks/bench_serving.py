@@ -46,10 +46,10 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmarks.common import batch_of, cpu_description, dense_base, median_rates, prepare, timing_parser
-from convert.export_onnx import DEFAULT_MIN_COSINE
-from convert.onnx_graph import GRAPH_FILE
-from convert.onnx_int8 import INT8_FILE
-from convert.openvino_int8 import CALIBRATION_TEXTS, OPENVINO_INT8_FILE
+from moe_embed.convert.export_onnx import DEFAULT_MIN_COSINE
+from moe_embed.convert.onnx_graph import GRAPH_FILE
+from moe_embed.convert.onnx_int8 import INT8_FILE
+from moe_embed.convert.openvino_int8 import CALIBRATION_TEXTS, OPENVINO_INT8_FILE
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.usage import parse, run_cli
 
@@ -65,12 +65,12 @@ def build(family: str, work: Path, base: str) -> tuple[Path, torch.nn.Module]:
     """The family's exported folder, made from the dense `base`, and the PyTorch module its graph was traced from."""
     from sentence_transformers import SentenceTransformer
 
-    from convert.export_onnx import ExportOptions, export_onnx
-    from convert.merge_experts import MergeOptions, merge
-    from convert.onnx_checks import quantize_checked
-    from convert.onnx_folder import write_folder_files
-    from convert.onnx_graph import SentenceEmbeddingGraph, build_graph, export_graph, graph_inputs, session
-    from convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.export_onnx import ExportOptions, export_onnx
+    from moe_embed.convert.merge_experts import MergeOptions, merge
+    from moe_embed.convert.onnx_checks import quantize_checked
+    from moe_embed.convert.onnx_folder import write_folder_files
+    from moe_embed.convert.onnx_graph import SentenceEmbeddingGraph, build_graph, export_graph, graph_inputs, session
+    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
 
     out = work / f"{family}-onnx"
     if family == "dense":
@@ -154,7 +154,7 @@ def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
             )
     for name, file, precision in (("ov", GRAPH_FILE, "f32"), ("ov-int8", OPENVINO_INT8_FILE, None)):
         if name in backends:
-            from convert.openvino_int8 import OpenVinoSession
+            from moe_embed.convert.openvino_int8 import OpenVinoSession
 
             model = OpenVinoSession(folder / file, threads, precision)
             inputs = {i.name for i in model.get_inputs()}
@@ -166,9 +166,9 @@ def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
 
 def int8_scores(folder: Path, tasks: dict) -> dict[str, list[float]]:
     """The scores (0-100) of a folder's fp32 graph and int8 models (onnxruntime's; OpenVINO's where written), fed
-    as a client feeds them, on `tasks` (name -> loaded mteb task, `evaluation.run.load_tasks`)."""
+    as a client feeds them, on `tasks` (name -> loaded mteb task, `moe_embed.evaluation.run.load_tasks`)."""
     from benchmarks.onnx_encoder import OnnxEncoder
-    from evaluation.tasks import score
+    from moe_embed.evaluation.tasks import score
 
     files = {"fp32": GRAPH_FILE, "int8": INT8, "ov-int8": OPENVINO_INT8_FILE}
     return {
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"unknown {option} {unknown}; expected names from {', '.join(valid)}")
     tasks = {}
     if args.accuracy:  # every task's data read before the long exports
-        from evaluation.run import load_tasks, select_tasks
+        from moe_embed.evaluation.run import load_tasks, select_tasks
 
         tasks = load_tasks(select_tasks(args.accuracy_tasks), args.data_dir)
     shapes = prepare(args)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import BASE_HELP
-from modeling.defaults import prompt_key
+from moe_embed.modeling.defaults import prompt_key
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     except UsageError as error:
         parser.error(str(error))
 
-    from convert.instruction_baseline import save_dense_with_prompts
-    from convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.instruction_baseline import save_dense_with_prompts
+    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
 
     with tempfile.TemporaryDirectory() as tmp:
         dense_dir, mote_dir = str(Path(tmp) / "dense"), str(Path(tmp) / "mote")

@@ -7,7 +7,7 @@ batch's tokens against four experts on a quarter of them each.
 A routed MoTE graph runs each expert layer as the exporter writes it (`modeling/modeling_mote.py`): one `Split`
 of the task-sorted tokens, each expert's LayerNorm, two matmuls, Gelu and residual on its run, one `Concat`.
 This script builds that block at MiniLM's sizes (hidden 384, intermediate 1536, `--layers` of them) and times
-four variants, quantised as the export quantises (`convert.onnx_int8.quantize`: per-channel QInt8 MatMul
+four variants, quantised as the export quantises (`moe_embed.convert.onnx_int8.quantize`: per-channel QInt8 MatMul
 weights), on the same tokens split into four equal runs:
 
 - `one FFN`: the dense model's block on every token (what a one-task batch costs);
@@ -228,7 +228,7 @@ def int8_files(layers: int, work: Path) -> dict[str, Path]:
     """Variant -> its int8 graph, written under `work`."""
     import onnx
 
-    from convert.onnx_int8 import quantize
+    from moe_embed.convert.onnx_int8 import quantize
 
     files = {}
     for variant in VARIANTS:

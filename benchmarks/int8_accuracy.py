@@ -8,7 +8,7 @@ with no bound, so nothing is refused; each row gives the agreement the exporter 
 cosine of int8 to fp32 over `convert/agreement_texts.txt` with every prompt) beside the suite's scores of
 the fp32 and the int8 graph, fed as a client feeds them (`benchmarks.onnx_encoder`) and scored by mteb as
 `moe-embed evaluate` scores them, on the data of `--data-dir` (else the Hub), read before the first export. The
-bound (`convert.export_onnx.DEFAULT_MIN_COSINE`) is meant to refuse the exports whose loss is large.
+bound (`moe_embed.convert.export_onnx.DEFAULT_MIN_COSINE`) is meant to refuse the exports whose loss is large.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.bench_serving import int8_scores, score_cells, score_header
-from convert.export_onnx import ExportOptions, export_onnx
-from convert.upcycle import UpcycleOptions, upcycle
-from evaluation.run import TASKS, load_tasks
+from moe_embed.convert.export_onnx import ExportOptions, export_onnx
+from moe_embed.convert.upcycle import UpcycleOptions, upcycle
 from moe_embed.data import DATA_DIR_HELP
+from moe_embed.evaluation.run import TASKS, load_tasks
 from moe_embed.files import read_json
 from moe_embed.folders import EXPERT_MODELS, open_model_folder
 from moe_embed.usage import UsageError, command_parser, parse, run_cli

@@ -35,8 +35,8 @@ from moe_embed.usage import parse, run_cli
 
 def export_variants(work: Path, graph, inputs: dict) -> dict[str, Path]:
     """Name -> fp32 ONNX file of each graph shape (see the module docstring)."""
-    from convert.onnx_graph import export_graph, output_names
-    from convert.onnx_layout import eager_attention
+    from moe_embed.convert.onnx_graph import export_graph, output_names
+    from moe_embed.convert.onnx_layout import eager_attention
 
     files = {"package": work / "package.onnx"}
     export_graph(graph, inputs, files["package"], None)
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     import onnxruntime
     from sentence_transformers import SentenceTransformer
 
-    from convert.onnx_graph import SentenceEmbeddingGraph
-    from convert.onnx_int8 import quantize, row_cosines
+    from moe_embed.convert.onnx_graph import SentenceEmbeddingGraph
+    from moe_embed.convert.onnx_int8 import quantize, row_cosines
 
     shapes = prepare(args)
     st = SentenceTransformer(dense_base(args), device="cpu")

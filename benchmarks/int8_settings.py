@@ -17,10 +17,10 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import add_base_option
-from convert.export_onnx import ExportOptions, export_onnx
-from convert.onnx_graph import embed, session
-from convert.onnx_int8 import quantize, row_cosines
-from convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.convert.export_onnx import ExportOptions, export_onnx
+from moe_embed.convert.onnx_graph import embed, session
+from moe_embed.convert.onnx_int8 import quantize, row_cosines
+from moe_embed.convert.upcycle import UpcycleOptions, upcycle
 from moe_embed.data import DATA_DIR_HELP, data_dir, load
 from moe_embed.usage import command_parser, parse, run_cli
 

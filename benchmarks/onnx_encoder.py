@@ -24,8 +24,8 @@ class OnnxEncoder(AbsEncoder):
     def __init__(self, folder: Path, file: str):
         from tokenizers import Tokenizer
 
-        from convert.onnx_graph import session
-        from convert.openvino_int8 import OpenVinoSession
+        from moe_embed.convert.onnx_graph import session
+        from moe_embed.convert.openvino_int8 import OpenVinoSession
 
         folder = Path(folder)
         self.session = OpenVinoSession(folder / file) if file.endswith(".xml") else session(folder / file)
@@ -41,7 +41,7 @@ class OnnxEncoder(AbsEncoder):
 
     def encode(self, inputs, *, task_metadata, hf_split: str, hf_subset: str, prompt_type=None, **kwargs):
         """Embeddings (numpy, one row per text) of the texts of mteb's `inputs` batches, each after its prompt."""
-        from convert.onnx_graph import embed
+        from moe_embed.convert.onnx_graph import embed
 
         prompt = self.prompt(task_metadata, prompt_type)
         texts = [prompt + text for batch in inputs for text in batch["text"]]

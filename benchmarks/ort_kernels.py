@@ -25,7 +25,7 @@ def residual_layer_norm(flatten: bool):
     """The ModelProto of `LayerNormalization(x + skip)` over `(batch, seq, hidden)` inputs."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from convert.onnx_layout import flatten_layer_norms
+    from moe_embed.convert.onnx_layout import flatten_layer_norms
 
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", "seq", HIDDEN]) for n in ("x", "skip")]
     output = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", HIDDEN])

@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from convert.cards import HUB_CARDS_DIR, PLACEHOLDER_OWNER, looks_like_hub_id
-from convert.checkpoint import copy_modeling_files
-from modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
-from modeling.manifest import FOLDER_FILES, HUB_TAGS, MODEL_TYPE_TAGS, ST_MODULES
-from modeling.st_folder import PORTABLE_MODULES, write_model_config
+from moe_embed.convert.cards import HUB_CARDS_DIR, PLACEHOLDER_OWNER, looks_like_hub_id
+from moe_embed.convert.checkpoint import copy_modeling_files
 from moe_embed.files import atomic_output_dir, read_json, write_json
+from moe_embed.modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
+from moe_embed.modeling.manifest import FOLDER_FILES, HUB_TAGS, MODEL_TYPE_TAGS, ST_MODULES
+from moe_embed.modeling.st_folder import PORTABLE_MODULES, write_model_config
 from moe_embed.usage import UsageError
 
 if TYPE_CHECKING:
-    from convert.calibrate_aea import CalibrateOptions
+    from moe_embed.convert.options import CalibrateOptions
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def load_model(source: Path):
     attention probabilities) and eval mode."""
     from transformers import AutoModel, AutoTokenizer
 
-    from modeling.aea_layers import find_moe_layers
+    from moe_embed.modeling.aea_layers import find_moe_layers
 
     try:
         model = AutoModel.from_pretrained(str(source), trust_remote_code=True, attn_implementation="eager")
@@ -82,7 +82,7 @@ def embed_kinds(controller, tokenizer, texts, template, pooling, kinds, batch_si
     """`{kind: sentence embeddings of texts}` for each embedding kind of `kinds`, from one forward pass
     with the allocation of `controller` (as the saved folder computes them), in the order of `texts`;
     batches hold texts of similar length (each text's embedding does not depend on its batch)."""
-    from modeling.aea_pooling import sentence_embedding
+    from moe_embed.modeling.aea_pooling import sentence_embedding
 
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # longest first, as Sentence-Transformers
     out = {kind: [] for kind in kinds}
@@ -106,7 +106,7 @@ def embed(controller, tokenizer, texts, template, pooling, embedding, batch_size
 def layer_allocation(allocation, homogeneity, layers, alpha, shift, exit_layer):
     """`(layer_top_k, unspent)` for an `--allocation` mode: the homogeneity rule for `both` / `layer`,
     the model's own k up to the exit layer otherwise."""
-    from modeling.aea_allocation import allocate_layers
+    from moe_embed.modeling.aea_allocation import allocate_layers
 
     top_k = next(h.router.top_k for h in layers if h.router is not None)
     if allocation in ("both", "layer"):
@@ -120,7 +120,7 @@ def layer_allocation(allocation, homogeneity, layers, alpha, shift, exit_layer):
 
 def controller_for(model, settings):
     """The `AdaptiveExpertAllocation` of `settings` (an `aea_config.json` dict) on `model`."""
-    from modeling.aea_controller import AdaptiveExpertAllocation
+    from moe_embed.modeling.aea_controller import AdaptiveExpertAllocation
 
     return AdaptiveExpertAllocation(
         model,
@@ -278,8 +278,8 @@ def choose_allocation(options: CalibrateOptions, model, tokenizer, layers, homog
 def run_calibration(options: CalibrateOptions, folder, output: Path, texts: list[str] | None, dev) -> Path:
     """Measure the homogeneity of the opened MoE `folder` on `texts` (default: the STS-B dev sentences of
     `dev`), choose the allocation and write the AEA folder to `output`."""
-    from modeling.aea_homogeneity import measure_homogeneity
-    from modeling.aea_layers import find_moe_layers
+    from moe_embed.modeling.aea_homogeneity import measure_homogeneity
+    from moe_embed.modeling.aea_layers import find_moe_layers
 
     if texts is None:
         texts = list(dict.fromkeys(dev[0] + dev[1]))  # the STS-B dev sentences, each once

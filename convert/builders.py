@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
-from convert.checkpoint import (
+from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_card, source_license
+from moe_embed.convert.checkpoint import (
     copy_modeling_files,
     copy_tokenizer_files,
     encoder_config_kwargs,
@@ -22,24 +22,24 @@ from convert.checkpoint import (
     parse_dtype,
     read_dense_checkpoint,
 )
-from convert.layout import comoe_adapter_keys, moe_rename, moe_router_key, mote_rename
-from convert.task_prefixes import leading_special_tokens, prefix_token_ids
-from modeling.compat import REQUIREMENTS
-from modeling.configuration_comoe import CoMoeBertConfig
-from modeling.configuration_moe import MoeBertConfig
-from modeling.configuration_mote import MoteBertConfig
-from modeling.defaults import sentence_transformers_prompts
-from modeling.manifest import FOLDER_FILES, ST_MODULES
-from modeling.modeling_comoe import CoMoeBertModel
-from modeling.modeling_moe import MoeBertModel
-from modeling.modeling_mote import MoteBertModel
-from modeling.st_folder import write_sentence_transformers_files
+from moe_embed.convert.layout import comoe_adapter_keys, moe_rename, moe_router_key, mote_rename
+from moe_embed.convert.task_prefixes import leading_special_tokens, prefix_token_ids
 from moe_embed.files import atomic_output_dir
 from moe_embed.folders import BUNDLED_MODEL_ID, is_bundled
+from moe_embed.modeling.compat import REQUIREMENTS
+from moe_embed.modeling.configuration_comoe import CoMoeBertConfig
+from moe_embed.modeling.configuration_moe import MoeBertConfig
+from moe_embed.modeling.configuration_mote import MoteBertConfig
+from moe_embed.modeling.defaults import sentence_transformers_prompts
+from moe_embed.modeling.manifest import FOLDER_FILES, ST_MODULES
+from moe_embed.modeling.modeling_comoe import CoMoeBertModel
+from moe_embed.modeling.modeling_moe import MoeBertModel
+from moe_embed.modeling.modeling_mote import MoteBertModel
+from moe_embed.modeling.st_folder import write_sentence_transformers_files
 from moe_embed.usage import UsageError
 
 if TYPE_CHECKING:
-    from convert.upcycle import UpcycleOptions
+    from moe_embed.convert.options import UpcycleOptions
 
 logger = logging.getLogger(__name__)
 # the agreement with the dense model an untrained upcycled model must reach (fp32)

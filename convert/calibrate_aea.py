@@ -16,76 +16,18 @@ OLMoE, Qwen2-MoE, Qwen3-MoE, Mixtral, GraniteMoE, DeepSeek-V2/V3 and this packag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from modeling.defaults import AEA_EMBEDDINGS, AEA_ROUNDINGS
+from moe_embed.convert.options import ALLOCATIONS, DEFAULT_ALPHAS, CalibrateOptions
 from moe_embed.data import DATA_DIR_HELP
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
-
-ALLOCATIONS = ("both", "layer", "token", "none")
-DEFAULT_ALPHAS = "0,1,2,3,4,5,6,7,8,9,10"
-
-
-def parse_values(text: str | list, kind, option: str) -> list:
-    """Comma-separated numbers of `option` (a list is checked as it is)."""
-    try:
-        values = [kind(item) for item in (text.split(",") if isinstance(text, str) else text) if str(item).strip()]
-    except ValueError:
-        raise UsageError(f"{option} expects comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise UsageError(f"{option} is empty")
-    return values
-
-
-@dataclass
-class CalibrateOptions:
-    """What `calibrate` writes: the command line's options by their Python names (`moe-embed calibrate-aea
-    --help`). Checked on construction, before any model is loaded."""
-
-    model: str
-    output: str | Path
-    overwrite: bool = False
-    calibration: str | Path | None = None  # texts, one per line; default: the STS-B dev sentences
-    allocation: str = "both"
-    alpha: float = 1.0
-    shift: float = 1.0
-    exit_layer: int | None = None
-    rounding: str = "floor"
-    embedding: str = "hidden"
-    prompt: str | None = None  # a template with [TEXT]
-    pooling: str | None = None
-    search: bool = False
-    alphas: str | list[float] = DEFAULT_ALPHAS
-    exit_layers: str | list[int] | None = None
-    data_dir: str | None = None
-    batch_size: int = 64
-    max_length: int = 256
-
-    def __post_init__(self):
-        if self.allocation not in ALLOCATIONS:
-            raise UsageError(f"--allocation must be one of {', '.join(ALLOCATIONS)}, got {self.allocation!r}")
-        if self.alpha < 0:
-            raise UsageError(f"--alpha must be >= 0, got {self.alpha}")
-        if self.embedding not in AEA_EMBEDDINGS:
-            raise UsageError(f"--embedding must be one of {', '.join(AEA_EMBEDDINGS)}")
-        if self.rounding not in AEA_ROUNDINGS:
-            raise UsageError(f"--rounding must be one of {', '.join(AEA_ROUNDINGS)}")
-        if self.pooling not in (None, "last", "mean"):
-            raise UsageError(f"--pooling must be last or mean, got {self.pooling!r}")
-        if self.prompt is not None and "[TEXT]" not in self.prompt:
-            raise UsageError(f"--prompt must contain [TEXT] where the text goes, got {self.prompt!r}")
-        self.alphas = parse_values(self.alphas, float, "--alphas")
-        if self.exit_layers is not None:
-            self.exit_layers = parse_values(self.exit_layers, int, "--exit-layers")
-        if self.batch_size < 1 or self.max_length < 1:
-            raise UsageError("--batch-size and --max-length must be positive integers")
+from moe_embed.modeling.defaults import AEA_EMBEDDINGS, AEA_ROUNDINGS
+from moe_embed.usage import command_parser, parse, run_cli
 
 
 def calibrate(options: CalibrateOptions) -> Path:
     """Check every input (the model folder, the output, the calibration texts and the data they default to),
     then measure, choose the allocation and write the folder; returns its path."""
-    from convert.aea_calibration import run_calibration, sts_dev
+    from moe_embed.convert.aea_calibration import run_calibration, sts_dev
     from moe_embed.folders import check_output, open_model_folder
     from moe_embed.readers import read_texts
 

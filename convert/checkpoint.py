@@ -13,9 +13,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from convert.layout import DENSE_ARCHITECTURES, position_offset
-from modeling.manifest import TOKENIZER_FILES
+from moe_embed.convert.layout import DENSE_ARCHITECTURES, position_offset
 from moe_embed.files import read_json
+from moe_embed.modeling.manifest import TOKENIZER_FILES
 from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)

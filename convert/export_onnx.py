@@ -35,45 +35,15 @@ agreement.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from moe_embed.convert.options import DEFAULT_MIN_COSINE, ExportOptions
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
-
-# Refuse an int8 graph when a row's cosine to fp32 is below this: between the agreement measured to keep
-# accuracy and the one measured to break it (docs/benchmarks.md, "Serving", says which runs set it).
-DEFAULT_MIN_COSINE = 0.97
-
-
-@dataclass
-class ExportOptions:
-    """What `export_onnx` writes: the command line's options by their Python names (`moe-embed export
-    --help`). Checked on construction, before any model is loaded."""
-
-    model_dir: str | Path
-    output: str | Path
-    overwrite: bool = False
-    task: str | None = None  # MoTE: only this task's experts, as a plain graph
-    task_ids_input: bool = False  # MoTE: a `task_ids` input besides the prompt
-    quantize: str | None = None  # "int8": also the int8 graph
-    int8_min_cosine: float = DEFAULT_MIN_COSINE
-    opset: int | None = None
-    tolerance: float = 1e-4
-
-    def __post_init__(self):
-        if self.quantize not in (None, "int8"):
-            raise UsageError(f"--quantize takes int8, got {self.quantize!r}")
-        if self.task_ids_input and self.task:
-            raise UsageError("--task-ids-input applies to routed MoTE graphs (a MoTE folder without --task)")
-        if self.opset is not None and not 18 <= self.opset <= 23:
-            raise UsageError(f"--opset must lie in 18..23 (the dynamo exporter's range), got {self.opset}")
-        if not 0 < self.int8_min_cosine <= 1:
-            raise UsageError(f"--int8-min-cosine must lie in (0, 1], got {self.int8_min_cosine}")
 
 
 def export_onnx(options: ExportOptions) -> Path:
     """Write the ONNX folder `options` describe; returns its path."""
-    from convert.onnx_folder import write_onnx_folder
+    from moe_embed.convert.onnx_folder import write_onnx_folder
     from moe_embed.folders import EXPORTABLE_MODELS, check_output, open_model_folder
 
     if (Path(options.model_dir) / "aea_config.json").is_file():

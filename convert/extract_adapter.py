@@ -26,10 +26,10 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 def write_adapter_folder(folder: Path, target: Path, base: str | None = None) -> None:
     """Write the adapter-only form of the full CoMoE folder `folder` into the folder `target` (created
     if missing): every file but the weights, then the adapters, `adapter_config.json` and a card."""
-    from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
-    from modeling.modeling_comoe import CoMoeBertModel
+    from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_card, source_license
     from moe_embed.files import read_json
     from moe_embed.folders import BUNDLED_MODEL_ID, is_bundled
+    from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 
     folder, target = Path(folder), Path(target)
     base = base or read_json(folder / "config.json").get("base_model_name_or_path")

@@ -32,7 +32,7 @@ import re
 
 import torch
 
-from modeling.comoe_layer import is_adapter_key
+from moe_embed.modeling.comoe_layer import is_adapter_key
 from moe_embed.usage import UsageError
 
 # model_type of a dense source -> the transformers class its exports are saved as

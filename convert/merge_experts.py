@@ -20,53 +20,15 @@ remote code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from moe_embed.convert.options import DTYPES, MergeOptions
 from moe_embed.usage import UsageError, command_parser, parse, run_cli, shard_size
-
-DTYPES = ("float32", "float16", "bfloat16")
-
-
-@dataclass
-class MergeOptions:
-    """What `merge` writes: the command line's options by their Python names (`moe-embed merge --help`)."""
-
-    model_dir: str | Path
-    output: str | Path
-    overwrite: bool = False
-    task: str | None = None  # MoTE: one task's experts, unchanged
-    experts: str | list[str] | None = None  # MoTE task names or MoE expert indices to average
-    weights: str | list[float] | None = None  # one per averaged expert, normalised
-    calibration: str | Path | None = None  # MoE / CoMoE: texts, one per line, to weight experts by routing
-    dtype: str | None = None  # default: that of the input
-    max_shard_size: str = "2GB"
-    repo_id: str | None = None
-
-    def __post_init__(self):
-        if self.task and self.experts:
-            raise UsageError("pass --task or --experts, not both")
-        if self.calibration and self.weights:
-            raise UsageError("pass --calibration or --weights, not both")
-        if isinstance(self.experts, str):
-            self.experts = [name.strip() for name in self.experts.split(",") if name.strip()]
-        if isinstance(self.weights, str):
-            try:
-                self.weights = [float(w) for w in self.weights.split(",")]
-            except ValueError:
-                raise UsageError(f"--weights expects comma-separated numbers, got {self.weights!r}") from None
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise UsageError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
-
-    @property
-    def selected(self) -> list[str] | None:
-        """The experts `task` / `experts` name, or `None` for all."""
-        return [self.task] if self.task else (list(self.experts) if self.experts else None)
 
 
 def merge(options: MergeOptions) -> Path:
     """Write the dense folder `options` describe; returns its path (validate, merge, write)."""
-    from convert.merging import write_merged
+    from moe_embed.convert.merging import write_merged
     from moe_embed.folders import EXPERT_MODELS, check_output, open_model_folder
 
     folder = open_model_folder(options.model_dir, EXPERT_MODELS)

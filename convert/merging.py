@@ -14,19 +14,25 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from convert.cards import PLACEHOLDER_OWNER, render_card, source_license
-from convert.checkpoint import ENCODER_FIELDS, copy_tokenizer_files, load_tokenizer, parse_dtype, read_state_dict
-from convert.layout import DENSE_ARCHITECTURES, parse_moe_key, parse_mote_key, position_offset
-from modeling.defaults import prompt_key
-from modeling.manifest import FAMILY_TAGS, MERGE_TAGS
-from modeling.st_folder import write_sentence_transformers_files
+from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_card, source_license
+from moe_embed.convert.checkpoint import (
+    ENCODER_FIELDS,
+    copy_tokenizer_files,
+    load_tokenizer,
+    parse_dtype,
+    read_state_dict,
+)
+from moe_embed.convert.layout import DENSE_ARCHITECTURES, parse_moe_key, parse_mote_key, position_offset
 from moe_embed.files import atomic_output_dir, read_json
 from moe_embed.folders import ModelFolder
+from moe_embed.modeling.defaults import prompt_key
+from moe_embed.modeling.manifest import FAMILY_TAGS, MERGE_TAGS
+from moe_embed.modeling.st_folder import write_sentence_transformers_files
 from moe_embed.readers import read_texts
 from moe_embed.usage import UsageError
 
 if TYPE_CHECKING:
-    from convert.merge_experts import MergeOptions
+    from moe_embed.convert.options import MergeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +64,7 @@ def normalised_weights(count: int, weights: list[float] | None) -> list[float]:
 def mote_expert_indices(config: dict, names: list[str] | None) -> list[int]:
     """Indices of the MoTE experts named (task names or aliases, as `MoteBertConfig.task_index`
     resolves them); all tasks when `names` is None."""
-    from modeling.configuration_mote import MoteBertConfig
+    from moe_embed.modeling.configuration_mote import MoteBertConfig
 
     mote_config = MoteBertConfig.from_dict(config)
     if names is None:
@@ -108,7 +114,7 @@ def merge_moe(state: dict, experts: list[int], layer_weights: dict[int, list[flo
 
 def router_usage(folder: Path, texts: list[str], experts: list[int], batch_size: int = 32) -> dict[int, list[float]]:
     """Per MoE layer, the share of routing slots each selected expert receives on the calibration texts."""
-    from modeling.modeling_moe import MoeBertModel
+    from moe_embed.modeling.modeling_moe import MoeBertModel
 
     tokenizer = load_tokenizer(folder, trust_remote_code=True)
     model = MoeBertModel.from_pretrained(str(folder), experts_implementation="eager").eval()
@@ -132,7 +138,7 @@ def router_usage(folder: Path, texts: list[str], experts: list[int], batch_size:
 
 def comoe_routing_weights(model, tokenizer, texts: list[str], batch_size: int = 32) -> torch.Tensor:
     """`(CoMoE linears, E)`: each expert's mean routing weight over the non-padding tokens of `texts`."""
-    from modeling.comoe_layer import top_k_gates
+    from moe_embed.modeling.comoe_layer import top_k_gates
 
     config = model.config
     totals = torch.zeros(len(config.adapted_linears()), config.num_local_experts, dtype=torch.float64)
@@ -259,7 +265,7 @@ def merge_moe_folder(folder: ModelFolder, options: MergeOptions) -> Merged:
 
 def merge_comoe_folder(folder: ModelFolder, options: MergeOptions) -> Merged:
     """CoMoE (full or adapter-only): every LoRA expert folded into its linear, weighted by its routing."""
-    from modeling.modeling_comoe import CoMoeBertModel
+    from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 
     if options.task or options.experts:
         raise UsageError("--task and --experts do not apply to CoMoE: every expert is folded in, weighted")

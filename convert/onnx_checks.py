@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from convert.onnx_graph import GRAPH_FILE, SentenceEmbeddingGraph, embed, graph_inputs, run_graph, session
+from moe_embed.convert.onnx_graph import GRAPH_FILE, SentenceEmbeddingGraph, embed, graph_inputs, run_graph, session
 from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def check_export(runner, graph: SentenceEmbeddingGraph, st, client, example: dic
 def quantize_checked(folder: Path, fp32_runner, st, client, min_cosine: float) -> dict:
     """Write the int8 graphs beside the fp32 one (`fp32_runner`: its session): onnxruntime's, and OpenVINO's where
     the `openvino` extra is installed; refuse when a row's cosine to fp32 is below the bound."""
-    from convert.onnx_int8 import INT8_FILE, agreement_texts, quantize
+    from moe_embed.convert.onnx_int8 import INT8_FILE, agreement_texts, quantize
 
     int8 = folder / "onnx" / INT8_FILE
     logger.info("quantising to int8 (%s)", int8.name)
@@ -109,7 +109,7 @@ def quantize_checked(folder: Path, fp32_runner, st, client, min_cosine: float) -
 
 def openvino_quantized(folder: Path, fp32_runner, client, st, texts, fp32, min_cosine: float) -> dict | None:
     """OpenVINO's static int8 (`convert/openvino_int8.py`) with its agreement, or None without the extra."""
-    from convert import openvino_int8
+    from moe_embed.convert import openvino_int8
 
     if not openvino_int8.available():
         logger.info("OpenVINO or NNCF not installed: no OpenVINO int8 model (pip install 'moe-embed[openvino]')")
@@ -125,7 +125,7 @@ def openvino_quantized(folder: Path, fp32_runner, client, st, texts, fp32, min_c
 
 def int8_agreement(file: str, quantized, fp32, min_cosine: float) -> dict:
     """Cosine of each int8 row to its fp32 row; refuse below `min_cosine`."""
-    from convert.onnx_int8 import row_cosines
+    from moe_embed.convert.onnx_int8 import row_cosines
 
     cos = row_cosines(quantized, fp32)
     agreement = {"file": file, "texts": len(fp32), "min_cosine": round(float(cos.min()), 4)}

@@ -25,13 +25,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from convert.onnx_checks import check_export, quantize_checked
-from convert.onnx_graph import GRAPH_FILE, build_graph, export_graph, graph_inputs, output_names, session
-from modeling.st_folder import MODULE_CONFIG_FILE, write_portable_module_files, write_sentence_transformers_files
+from moe_embed.convert.onnx_checks import check_export, quantize_checked
+from moe_embed.convert.onnx_graph import GRAPH_FILE, build_graph, export_graph, graph_inputs, output_names, session
 from moe_embed.files import atomic_output_dir, read_json, write_json
+from moe_embed.modeling.st_folder import (
+    MODULE_CONFIG_FILE,
+    write_portable_module_files,
+    write_sentence_transformers_files,
+)
 
 if TYPE_CHECKING:
-    from convert.export_onnx import ExportOptions
+    from moe_embed.convert.options import ExportOptions
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import onnx
 import torch
 from torch import nn
 
-from convert.onnx_layout import eager_attention, fastest_layout
+from moe_embed.convert.onnx_layout import eager_attention, fastest_layout
 from moe_embed.files import read_json
 from moe_embed.usage import UsageError
 
@@ -65,9 +65,9 @@ def load_model(folder: Path, task: str | None = None) -> nn.Module:
     `task` loads only that task's experts."""
     from transformers import AutoModel
 
-    from modeling.modeling_comoe import CoMoeBertModel
-    from modeling.modeling_moe import MoeBertModel
-    from modeling.modeling_mote import MoteBertModel
+    from moe_embed.modeling.modeling_comoe import CoMoeBertModel
+    from moe_embed.modeling.modeling_moe import MoeBertModel
+    from moe_embed.modeling.modeling_mote import MoteBertModel
 
     classes = {"mote_bert": MoteBertModel, "moe_bert": MoeBertModel, "comoe_bert": CoMoeBertModel}
     kwargs = {"active_tasks": [task]} if task else {}

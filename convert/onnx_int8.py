@@ -58,7 +58,7 @@ def quantize(
     if keys_read_transposed:  # onnxruntime's quantiser writes only to a path: read it back once to rewrite
         import onnx
 
-        from convert.onnx_layout import transposed_operands_in_matmul
+        from moe_embed.convert.onnx_layout import transposed_operands_in_matmul
 
         model = onnx.load(str(int8))
         if transposed_operands_in_matmul(model):

@@ -38,7 +38,7 @@ def calibration_feeds(client, prompts: dict[str, str], input_names: set[str], pe
     """The calibration texts as client feeds (numpy, by input name): each batch holds `per_batch` texts, each
     plain and behind every distinct prompt, so that every expert gets rows in every batch (a statistic over
     an expert's empty input would be NaN and spoil its ranges)."""
-    from convert.onnx_graph import graph_inputs
+    from moe_embed.convert.onnx_graph import graph_inputs
 
     lines = CALIBRATION_TEXTS.read_text(encoding="utf-8").splitlines()
     texts = [line for line in lines if line.strip()]
@@ -76,7 +76,7 @@ def quantize_openvino(fp32: Path, xml: Path, feeds: list[dict]) -> None:
 
 def is_router(op) -> bool:
     """A matmul by a router's weight (its constant input is named after it)."""
-    from convert.onnx_int8 import ROUTER_NAME
+    from moe_embed.convert.onnx_int8 import ROUTER_NAME
 
     if op.get_type_name() != "MatMul":
         return False

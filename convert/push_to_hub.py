@@ -25,9 +25,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS
 from moe_embed.files import read_json
 from moe_embed.folders import PICKLE_SUFFIXES, open_model_folder
+from moe_embed.modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 logger = logging.getLogger(__name__)
@@ -86,11 +86,11 @@ def refreshed_card(folder: Path, repo_id: str, results: dict | None = None) -> s
     (`moe-embed evaluate --output`), their scores as its `model-index`."""
     from huggingface_hub import ModelCard
 
-    from convert.cards import PLACEHOLDER_OWNER, build_card
+    from moe_embed.convert.cards import PLACEHOLDER_OWNER, build_card
 
     card = ModelCard.load(folder / "README.md") if (folder / "README.md").is_file() else build_card(folder, repo_id)
     if results:
-        from convert.cards import eval_results
+        from moe_embed.convert.cards import eval_results
 
         card.data.model_name = repo_id.split("/")[-1]
         card.data.eval_results = eval_results(results)
@@ -141,7 +141,7 @@ def adapter_files_naming(folder: Path, base_model_id: str | None) -> tuple[dict[
 
 def read_results(path) -> dict:
     """The JSON `moe-embed evaluate --output` wrote, checked entry by entry."""
-    from convert.cards import eval_results
+    from moe_embed.convert.cards import eval_results
 
     try:
         results = read_json(path)

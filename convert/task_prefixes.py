@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from modeling.defaults import DEFAULT_TASK_PREFIXES
+from moe_embed.modeling.defaults import DEFAULT_TASK_PREFIXES
 from moe_embed.usage import UsageError
 
 

@@ -15,122 +15,12 @@ and an existing output is replaced only with `--overwrite`.
 
 from __future__ import annotations
 
-import difflib
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
-from convert.task_prefixes import parse_task_prefixes
-from modeling.defaults import COMOE, DEFAULT_TASK, DEFAULT_TASK_PREFIXES, MOE
-from moe_embed.usage import UsageError, command_parser, parse, run_cli, shard_size
-
-ARCHES = ("mote", "moe", "comoe")
-DEFAULT_OUTPUTS = {"mote": "models/mote-minilm", "moe": "models/moe-minilm", "comoe": "models/comoe-minilm"}
-DTYPES = ("float32", "float16", "bfloat16")
-# options shared by moe and comoe whose defaults differ between them (the papers' settings): None means "the
-# default of --arch"
-SHARED_DEFAULTS = {
-    "num_experts": {"moe": MOE.num_local_experts, "comoe": COMOE.num_local_experts},
-    "experts_per_token": {"moe": MOE.num_experts_per_tok, "comoe": COMOE.num_experts_per_tok},
-    "router_aux_loss_coef": {"moe": MOE.router_aux_loss_coef, "comoe": COMOE.router_aux_loss_coef},
-}
-
-
-def _arch(*arches: str, **kwargs):
-    """A field that applies to `arches` only (another --arch refuses it when it differs from its default)."""
-    metadata = {"arches": arches}
-    if "default_factory" in kwargs:
-        return field(default_factory=kwargs["default_factory"], metadata=metadata)
-    return field(default=kwargs.get("default"), metadata=metadata)
-
-
-@dataclass
-class UpcycleOptions:
-    """What `upcycle` writes: the command line's options, by their Python names (`moe-embed upcycle --help`
-    says what each does). Checked on construction: a bad value, or an option of another `arch` changed from
-    its default, is a `UsageError`."""
-
-    output: str | Path | None = None  # default: DEFAULT_OUTPUTS[arch]
-    arch: str = "mote"
-    base: str | None = None  # a local folder or Hub id; None: the bundled all-MiniLM-L6-v2
-    overwrite: bool = False
-    tasks: list[str] | dict[str, str] = field(default_factory=lambda: dict(DEFAULT_TASK_PREFIXES))
-    # mote
-    expert_layers: str | list[int] = _arch("mote", default="every_other")
-    default_task: str | None = _arch("mote", default=None)
-    prefix_routes_only: bool = _arch("mote", default=False)
-    strict_routing: bool = _arch("mote", default=False)
-    # moe and comoe
-    num_experts: int | None = _arch("moe", "comoe", default=None)
-    experts_per_token: int | None = _arch("moe", "comoe", default=None)
-    router_aux_loss_coef: float | None = _arch("moe", "comoe", default=None)
-    seed: int = _arch("moe", "comoe", default=0)
-    # moe
-    moe_layers: str | list[int] = _arch("moe", default=MOE.moe_layers)
-    norm_topk_prob: bool = _arch("moe", default=False)
-    router_init: str = _arch("moe", default="normal")
-    expert_noise: float = _arch("moe", default=0.0)
-    router_z_loss_coef: float = _arch("moe", default=MOE.router_z_loss_coef)
-    router_jitter_noise: float = _arch("moe", default=MOE.router_jitter_noise)
-    # comoe
-    rank: int = _arch("comoe", default=COMOE.lora_rank)
-    lora_alpha: float = _arch("comoe", default=COMOE.lora_alpha)
-    lora_dropout: float = _arch("comoe", default=COMOE.lora_dropout)
-    target_modules: str | list[str] = _arch("comoe", default=COMOE.target_modules)
-    layers: str | list[int] = _arch("comoe", default=COMOE.adapter_layers)
-    contrastive_loss_coef: float = _arch("comoe", default=COMOE.contrastive_loss_coef)
-    contrastive_tau: float = _arch("comoe", default=COMOE.contrastive_tau)
-    # the written folder
-    dtype: str = "float32"
-    max_shard_size: str = "2GB"
-    repo_id: str | None = None
-    no_verify: bool = False
-
-    def __post_init__(self):
-        if self.arch not in ARCHES:
-            raise UsageError(f"unknown arch {self.arch!r}; expected one of {', '.join(ARCHES)}")
-        given = [f for f in fields(self) if "arches" in f.metadata and self.arch not in f.metadata["arches"]]
-        given = [f for f in given if getattr(self, f.name) != f.default]
-        if given:
-            names = ", ".join(f"--{f.name.replace('_', '-')}" for f in given)
-            arches = sorted({a for f in given for a in f.metadata["arches"]})
-            raise UsageError(f"{names} only apply to --arch {'/'.join(arches)} (this run is --arch {self.arch})")
-        self.tasks = parse_task_prefixes(self.tasks)
-        if self.strict_routing and self.default_task is not None:
-            raise UsageError("pass --default-task or --strict-routing, not both")
-        if self.expert_noise < 0:
-            raise UsageError(f"--expert-noise must be >= 0, got {self.expert_noise}")
-        if self.router_init not in ("normal", "zeros"):
-            raise UsageError(f"--router-init must be normal or zeros, got {self.router_init!r}")
-        if self.dtype not in DTYPES:
-            raise UsageError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
-        self.output = Path(self.output or DEFAULT_OUTPUTS[self.arch])
-
-    @classmethod
-    def from_mapping(cls, values: dict, where: str = "upcycle") -> UpcycleOptions:
-        """Options from a mapping (a training config's `upcycle:` section): an unknown key is a `UsageError`
-        naming the closest valid one."""
-        known = [f.name for f in fields(cls)]
-        for key in values:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise UsageError(f"unknown key {key!r} in {where}{hint} Valid keys: {', '.join(known)}")
-        return cls(**values)
-
-    def shared(self, option: str):
-        """A moe / comoe option as given, else the default of `arch`."""
-        value = getattr(self, option)
-        return SHARED_DEFAULTS[option][self.arch] if value is None else value
-
-    @property
-    def mote_default_task(self) -> str | None:
-        """The task of inputs that name none: `--default-task`, else the paper's expert for generic
-        similarity where it is a task, else none (they are an error)."""
-        if self.strict_routing:
-            return None
-        if self.default_task is not None:
-            return self.default_task
-        return DEFAULT_TASK if DEFAULT_TASK in self.tasks else None
+from moe_embed.convert.options import ARCHES, DEFAULT_OUTPUTS, DTYPES, SHARED_DEFAULTS, UpcycleOptions
+from moe_embed.modeling.defaults import DEFAULT_TASK
+from moe_embed.usage import command_parser, parse, run_cli, shard_size
 
 
 def upcycle(options: UpcycleOptions) -> Path:
@@ -142,7 +32,7 @@ def upcycle(options: UpcycleOptions) -> Path:
 
     source = Path(bundled_minilm_path()) if options.base is None else locate(options.base)
     output = check_output(options.output, (source,), options.overwrite)
-    from convert.builders import write_upcycled  # the model code: imported once the inputs are known good
+    from moe_embed.convert.builders import write_upcycled  # the model code: imported once the inputs are known good
 
     return write_upcycled(options, source, output)
 

@@ -1,6 +1,6 @@
 """Expert usage of a token-routed model per task of the suite (CoMoE paper Figures 4 and 5).
 
-    python -m evaluation.expert_usage models/comoe-minilm --tasks STSBenchmark,Banking77Classification \\
+    python -m moe_embed.evaluation.expert_usage models/comoe-minilm --tasks STSBenchmark,Banking77Classification \\
         --output usage.json --plot usage.png
 
 For each task, up to `--max-texts` of its evaluation texts (drawn with `--seed`; retrieval: queries and
@@ -27,8 +27,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.run import load_tasks, select_tasks
 from moe_embed.data import DATA_DIR_HELP
+from moe_embed.evaluation.run import load_tasks, select_tasks
 from moe_embed.folders import load_sentence_transformer
 from moe_embed.readers import corpus_texts
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
@@ -83,7 +83,7 @@ def mean_pairwise_cosine(outputs):
     tokens where some expert's output is zero (cosine undefined) are left out."""
     import torch
 
-    from modeling.comoe_layer import cosine_from_gram
+    from moe_embed.modeling.comoe_layer import cosine_from_gram
 
     outputs = outputs.float()
     defined = outputs.norm(dim=-1).gt(0).all(dim=1)
@@ -235,7 +235,7 @@ def plot(usage: dict[str, list[dict]], path: Path, title: str) -> None:
 def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     parser = command_parser(__doc__, prog)
     parser.add_argument("model", help="CoMoE-PEFT or token-routed MoE folder (or Hub id)")
-    parser.add_argument("--tasks", default="all", help="comma-separated evaluation.run task names, or 'all'")
+    parser.add_argument("--tasks", default="all", help="comma-separated moe_embed.evaluation.run task names, or 'all'")
     parser.add_argument("--max-texts", type=int, default=256, help="texts per task (default 256)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the text draw (default 0)")
     parser.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default: %(default)s)")

@@ -1,6 +1,6 @@
 """Inter-task similarity of task-specialised embeddings (MoTE paper section 5.4, Figure 3).
 
-    python -m evaluation.intertask models/ic models/mote --names IC,MoTE --output-dir results/intertask
+    python -m moe_embed.evaluation.intertask models/ic models/mote --names IC,MoTE --output-dir results/intertask
 
 Each text is embedded once per task (with the model's prompt for it: `query`, `document`,
 `classification`, `clustering`), and for every pair of tasks the cosine similarity of a text's two
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from modeling.defaults import prompt_key
 from moe_embed import data as D
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.folders import load_sentence_transformer
+from moe_embed.modeling.defaults import prompt_key
 from moe_embed.readers import corpus_texts
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 

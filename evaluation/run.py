@@ -3,7 +3,7 @@
     moe-embed evaluate models/mote-minilm --trust-remote-code --tasks STSBenchmark,SciFact --output results.json
     moe-embed evaluate sentence-transformers/all-MiniLM-L6-v2 --tasks all --data-dir data
 
-(`python -m evaluation.run ...` is the same command.)
+(`python -m moe_embed.evaluation.run ...` is the same command.)
 The model is evaluated as `mteb.evaluate(SentenceTransformer(model), task)`: mteb picks each task's prompt from
 the model's own prompts (a MoTE folder names one per mteb task type, so every type reaches its expert). Data
 comes from the Hub (or its cache), or from the copies in `--data-dir` (see `moe-embed data`); every task's data
@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import logging
 
-from evaluation.tasks import SUITE
 from moe_embed.data import DATA_DIR_HELP
+from moe_embed.evaluation.tasks import SUITE
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 logger = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ def select_tasks(spec: str) -> list[str]:
 
 def load_tasks(names: list[str], data_dir: str | None = None) -> dict:
     """The mteb tasks `names` with their data read (from `data_dir`'s copies, else the Hub): name -> task."""
-    from evaluation.tasks import get_task, load
     from moe_embed.data import data_dir as find_data_dir
+    from moe_embed.evaluation.tasks import get_task, load
 
     folder = find_data_dir(data_dir)
     return {name: load(get_task(name), folder) for name in names}
@@ -49,7 +49,7 @@ def load_tasks(names: list[str], data_dir: str | None = None) -> dict:
 
 def evaluate(model, task, batch_size: int = 64) -> dict:
     """`model`'s result on the loaded mteb `task`: its main score (0-100) and where it was measured."""
-    from evaluation.tasks import repo_of, run
+    from moe_embed.evaluation.tasks import repo_of, run
 
     result = run(model, task, batch_size)
     split = task.metadata.eval_splits[0]

@@ -85,8 +85,8 @@ def train(out: Path, seed: int, tasks: dict) -> tuple[Path, Path]:
 def pairs_of(task: str, folder: Path | None) -> tuple[list[str], list[str], list[float]]:
     """The test pairs of the STS task `task` (`TEST_TASKS`) as `(sentences1, sentences2, scores)`: its Hub
     dataset's test split, from the data folder `folder`'s copy (None: the Hub)."""
-    from evaluation.tasks import get_task, repo_of
     from moe_embed.data import load
+    from moe_embed.evaluation.tasks import get_task, repo_of
 
     rows = load(repo_of(get_task(task)), None, "test", folder=folder, purpose=task)
     return list(rows["sentence1"]), list(rows["sentence2"]), [float(score) for score in rows["score"]]
@@ -95,10 +95,10 @@ def pairs_of(task: str, folder: Path | None) -> tuple[list[str], list[str], list
 def evaluate_seed(out: Path, seed: int, base: Path, folder: Path) -> dict:
     """Homogeneity before and after training, and every variant's search and test scores (cached in
     `OUTPUT/aea/sSEED.json`)."""
-    from convert import aea_calibration as C
-    from modeling.aea_homogeneity import measure_homogeneity
-    from modeling.aea_layers import find_moe_layers
-    from modeling.aea_pooling import EMBEDDINGS
+    from moe_embed.convert import aea_calibration as C
+    from moe_embed.modeling.aea_homogeneity import measure_homogeneity
+    from moe_embed.modeling.aea_layers import find_moe_layers
+    from moe_embed.modeling.aea_pooling import EMBEDDINGS
 
     path = out / "aea" / f"s{seed}.json"
     if path.exists():

@@ -30,8 +30,8 @@ def v_measures(embeddings, labels, seeds: range) -> list[float]:
 def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict]:
     import numpy as np
 
-    from evaluation.run import load_tasks, select_tasks
-    from evaluation.tasks import SUITE, score
+    from moe_embed.evaluation.run import load_tasks, select_tasks
+    from moe_embed.evaluation.tasks import SUITE, score
     from moe_embed.folders import bundled_minilm_path, load_sentence_transformer
 
     parser = command_parser(__doc__, prog)

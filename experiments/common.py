@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from evaluation.tasks import SUITE
 from experiments.shared_to_hub import SHARED_DATA, write_copies
+from moe_embed.evaluation.tasks import SUITE
 from moe_embed.folders import bundled_minilm_path
 from moe_embed.usage import UsageError
 
@@ -75,7 +75,7 @@ def read_scores(path: Path) -> dict:
 
 def moe_embed(*arguments: str) -> list[str]:
     """The interpreter arguments of `moe-embed ARGUMENTS` (the command run by this interpreter), for `run`."""
-    return ["-m", "moe_embed_cli", *arguments]
+    return ["-m", "moe_embed.cli", *arguments]
 
 
 def run(command: list[str], log: Path) -> None:
@@ -98,8 +98,8 @@ def run(command: list[str], log: Path) -> None:
 
 def prepare(out: Path) -> dict:
     """Training data, the upcycled MoTE and the dense model with MoTE's prompts; returns `tasks:`."""
-    from convert.instruction_baseline import save_dense_with_prompts
     from experiments import prepare_data
+    from moe_embed.convert.instruction_baseline import save_dense_with_prompts
 
     tasks = prepare_data.write(prepare_data.build(shared_data()), out / "data", negatives=False)
 

@@ -18,7 +18,7 @@ are `moe-lora` and `comoe`). The learning rate is the paper's 2e-4 for every var
 evaluates every run and the untouched base on the suite (`moe-embed evaluate` on `OUTPUT/hubdata`, the
 Hub-layout copies of `../shared/data`; SciFact left out by default: one SciFact evaluation costs more
 than a training run here), writes the expert usage of
-MoE-LoRA and CoMoE (`evaluation.expert_usage`) and a report: the scores split into in-domain tasks
+MoE-LoRA and CoMoE (`moe_embed.evaluation.expert_usage`) and a report: the scores split into in-domain tasks
 (their train split is in the training data) and out-of-domain ones, trainable parameters, and
 per-seed differences to `--reference` (default `lora-r16`). As in `experiments.mote_vs_ic`,
 finished steps are skipped, and runs whose scores are in `OUTPUT/results/` are not retrained
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import yaml
 
-from evaluation.run import TASKS, select_tasks
 from experiments.common import TRAINING, evaluate, hub_data, moe_embed, prepare, run, saved_results, write_report
+from moe_embed.evaluation.run import TASKS, select_tasks
 from moe_embed.folders import bundled_minilm_path
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
@@ -99,9 +99,9 @@ def trainable_parameters(variant: str, base: Path) -> int:
     """Trainable parameters of a variant, counted on the model the training CLI builds (untrained)."""
     from transformers import AutoConfig, AutoModel
 
-    from convert.checkpoint import ENCODER_FIELDS
-    from training.config import AdapterConfig
-    from training.train import lora_config
+    from moe_embed.convert.checkpoint import ENCODER_FIELDS
+    from moe_embed.training.config import AdapterConfig
+    from moe_embed.training.train import lora_config
 
     settings = variant_settings(variant)
     adapter = AdapterConfig(**settings["adapter"])
@@ -111,8 +111,8 @@ def trainable_parameters(variant: str, base: Path) -> int:
 
         model = get_peft_model(AutoModel.from_config(dense), lora_config(adapter, dense.num_hidden_layers))
     else:
-        from modeling.configuration_comoe import CoMoeBertConfig
-        from modeling.modeling_comoe import CoMoeBertModel
+        from moe_embed.modeling.configuration_comoe import CoMoeBertConfig
+        from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 
         config = CoMoeBertConfig(
             **{field: getattr(dense, field) for field in ENCODER_FIELDS if hasattr(dense, field)},
@@ -127,12 +127,12 @@ def trainable_parameters(variant: str, base: Path) -> int:
 
 
 def expert_usage(out: Path, name: str, model: Path, tasks: str) -> None:
-    """`evaluation.expert_usage` of a routed run (on the texts of `OUTPUT/hubdata`): `OUTPUT/usage/NAME.json`
+    """`moe_embed.evaluation.expert_usage` of a routed run (on the texts of `OUTPUT/hubdata`): `OUTPUT/usage/NAME.json`
     and `.png`."""
     result = out / "usage" / f"{name}.json"
     if not result.exists():
         result.parent.mkdir(parents=True, exist_ok=True)
-        command = ["-m", "evaluation.expert_usage", str(model), "--tasks", tasks, "--output", str(result)]
+        command = ["-m", "moe_embed.evaluation.expert_usage", str(model), "--tasks", tasks, "--output", str(result)]
         command += ["--data-dir", str(hub_data(out))]
         run(command + ["--plot", str(result.with_suffix(".png"))], out / "logs" / f"usage-{name}.log")
 

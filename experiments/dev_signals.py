@@ -32,7 +32,7 @@ def clustering_task(name: str, texts: list[str], labels: list):
     suite's Banking77Clustering (one mini-batch k-means over every text, V-measure), under another name."""
     from datasets import Dataset, DatasetDict
 
-    from evaluation.tasks import get_task
+    from moe_embed.evaluation.tasks import get_task
 
     task = get_task("Banking77Clustering")
     task.metadata = task.metadata.model_copy(update={"name": name, "description": f"{name}, clustered by label."})
@@ -54,7 +54,7 @@ def candidate_tasks(folder: Path | None) -> dict:
 
 def signals(model, tasks: dict, sts_dev) -> list[float]:
     """`model`'s score (0-100) on each candidate of `tasks`, then on STS-B dev through the clustering prompt."""
-    from evaluation.tasks import score
+    from moe_embed.evaluation.tasks import score
 
     scores = [score(model, task) for task in tasks.values()]
     if "Clustering" in (model.prompts or {}):  # mteb looks up STS's prompt by its task type
@@ -73,9 +73,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[list[fl
     args = parse(parser, argv)
     from sentence_transformers import SentenceTransformer
 
-    from evaluation.tasks import DEV_SETS, get_task, load
     from experiments.common import hub_data
     from moe_embed.data import data_dir
+    from moe_embed.evaluation.tasks import DEV_SETS, get_task, load
     from moe_embed.folders import bundled_minilm_path
 
     rows = []

@@ -40,10 +40,10 @@ from pathlib import Path
 
 import yaml
 
-from convert.instruction_baseline import save_dense_with_prompts
-from convert.upcycle import UpcycleOptions, upcycle
-from evaluation.run import TASKS
 from experiments.common import evaluate_command, hub_data, moe_embed, read_scores, report, run, shared_data
+from moe_embed.convert.instruction_baseline import save_dense_with_prompts
+from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.evaluation.run import TASKS
 from moe_embed.folders import bundled_minilm_path
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> str:
         default=None,
         help=f"names from {','.join(VARIANTS)} (default: {','.join(DEFAULT_VARIANTS)}; with --report-only, all)",
     )
-    parser.add_argument("--tasks", default="all", help="suite tasks (evaluation.tasks.SUITE names, or 'all')")
+    parser.add_argument("--tasks", default="all", help="suite tasks (moe_embed.evaluation.tasks.SUITE names, or 'all')")
     parser.add_argument("--report-only", action="store_true", help="write the report from existing scores only")
     args = parse(parser, argv)
     if args.variants is None:

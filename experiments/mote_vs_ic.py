@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from evaluation.run import select_tasks
 from experiments.common import TRAINING, evaluate, moe_embed, prepare, run, saved_results, write_report
+from moe_embed.evaluation.run import select_tasks
 from moe_embed.folders import bundled_minilm_path
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> str:
     parser = command_parser(__doc__, prog)
     parser.add_argument("--output", required=True, help="folder for data, models, logs, results and report.md")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (default 0,1,2)")
-    parser.add_argument("--tasks", default="all", help="evaluation tasks (evaluation.run names, or 'all')")
+    parser.add_argument("--tasks", default="all", help="evaluation tasks (moe_embed.evaluation.run names, or 'all')")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"subset of {','.join(VARIANTS)}")
     parser.add_argument(
         "--report-only",

@@ -30,6 +30,6 @@ Sentence-Transformers input modules (saved at a folder's root and named in `modu
 
 - `st_mote.py`: `MoteTransformer`, turning the call's task, the prompt or a text's prefix into expert ids.
 - `st_moe.py`: `MoeTransformer`, keeping the model's `aux_loss` in the features (for
-  `training.losses.WithAuxLoss`); `st_comoe.py`: `CoMoeTransformer`, which also loads adapter-only folders.
+  `moe_embed.training.losses.WithAuxLoss`); `st_comoe.py`: `CoMoeTransformer`, which also loads adapter-only folders.
 - `st_aea.py`: `AeaTransformer`, the module of AEA folders, running the allocation and pooling the exit layer.
 """

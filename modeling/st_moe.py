@@ -3,7 +3,7 @@ MoE (load balancing, z-loss) and, through its subclass in `st_comoe.py`, CoMoE (
 optional load balancing).
 
 sentence-transformers' `Transformer` plus one thing: the model's auxiliary loss is kept in the features
-as `aux_loss`, so that a training loss can add it (see `training.losses.WithAuxLoss`). Saved at the root
+as `aux_loss`, so that a training loss can add it (see `moe_embed.training.losses.WithAuxLoss`). Saved at the root
 of the model folder and named in `modules.json` as `st_moe.MoeTransformer`, so it needs
 `trust_remote_code=True`.
 """

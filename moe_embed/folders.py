@@ -82,7 +82,7 @@ class ModelFolder:
     @property
     def adapter_settings(self) -> dict | None:
         """The `adapter_config.json` of an adapter-only folder (a CoMoE adapter or a peft one), else `None`."""
-        from modeling.comoe_adapter import read_adapter_config
+        from moe_embed.modeling.comoe_adapter import read_adapter_config
 
         return read_adapter_config(str(self.path))
 
@@ -167,7 +167,7 @@ def check_weights(folder: Path) -> None:
     and report a truncated or corrupt safetensors file by reading every header."""
     from safetensors import safe_open
 
-    from modeling.manifest import ADAPTER_WEIGHTS_NAME
+    from moe_embed.modeling.manifest import ADAPTER_WEIGHTS_NAME
 
     folder = Path(folder)
     directories = [folder, *(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))]

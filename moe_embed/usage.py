@@ -1,5 +1,5 @@
 """The command-line contract of every command of this package (`moe-embed SUBCOMMAND`, `python
-convert/<tool>.py`, `python -m training.train`, ...).
+convert/<tool>.py`, `python -m moe_embed.training.train`, ...).
 
 - Bad input ends the run with one line on stderr and exit code 2, never a traceback: code raises
   `UsageError` where the user's input (arguments, files, data, configs) is wrong, and the entry point
@@ -23,7 +23,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 # the loggers of this package's tools: informational by default, the libraries' only with --verbose
-OWN_LOGGERS = ("moe_embed", "convert", "training", "evaluation", "experiments", "benchmarks", "moe_embed_cli")
+OWN_LOGGERS = ("moe_embed", "experiments", "benchmarks")
 # warnings the libraries give on every run, whatever the input, shown only with --verbose: sentence-transformers
 # announces the default prompt of a folder that has one (a one-task export) each time it is loaded, and
 # onnxruntime's quantiser advises pre-processing on every call

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 # folder -> model family; `mote-resaved` is the MoTE folder saved again by sentence-transformers 6, as
-# training saves its output, then made portable by `modeling.st_folder.write_portable_module_files`
+# training saves its output, then made portable by `moe_embed.modeling.st_folder.write_portable_module_files`
 FOLDERS = {"mote": "mote", "moe": "moe", "comoe": "comoe", "mote-resaved": "mote"}
 TEXTS = ["who was isaac newton?", "Stocks fell sharply on Wall Street today after the announcement."]
 # MoTE and CoMoE are bit-identical; the MoE differs in the last bits because transformers 5 runs its experts
@@ -78,7 +78,7 @@ def make(out: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
 
     upcycle(UpcycleOptions(output=out / "mote"))
     upcycle(UpcycleOptions(output=out / "moe", arch="moe", expert_noise=0.02))
@@ -93,12 +93,12 @@ def make(out: Path) -> None:
         save_file(state, str(path), metadata={"format": "pt"})
     from sentence_transformers import SentenceTransformer
 
-    from modeling.st_folder import write_portable_module_files
+    from moe_embed.modeling.st_folder import write_portable_module_files
 
     SentenceTransformer(str(out / "mote"), trust_remote_code=True).save(str(out / "mote-resaved"))
     write_portable_module_files(out / "mote-resaved")
     expected = {name: cases(out / name, family) for name, family in FOLDERS.items()}
-    from convert.export_onnx import ExportOptions, export_onnx
+    from moe_embed.convert.export_onnx import ExportOptions, export_onnx
 
     export_onnx(ExportOptions(model_dir=out / "mote", output=out / "mote-onnx"))
     reference = SentenceTransformer(str(out / "mote"), trust_remote_code=True).encode(ONNX_TEXTS).tolist()

@@ -22,6 +22,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 # what this repository makes importable; model folders must load without any of it
 REPO_PACKAGES = (
+    "moe_embed",
     "modeling",
     "convert",
     "hub_cards",
@@ -29,7 +30,6 @@ REPO_PACKAGES = (
     "evaluation",
     "experiments",
     "benchmarks",
-    "moe_embed_cli",
 )
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -133,7 +133,7 @@ def minilm_path() -> str:
 
 def upcycled(tmp_path_factory, base: str, name: str, **options) -> str:
     """`base` upcycled with the converter's defaults and `options`, into a fresh folder."""
-    from convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
 
     return str(upcycle(UpcycleOptions(base=base, output=tmp_path_factory.mktemp("models") / name, **options)))
 
@@ -172,7 +172,7 @@ def trained_mote(mote_dir, tmp_path_factory) -> Path:
 
 
 def export_onnx_folder(tmp_path_factory, folder, **options) -> Path:
-    from convert.export_onnx import ExportOptions, export_onnx
+    from moe_embed.convert.export_onnx import ExportOptions, export_onnx
 
     out = tmp_path_factory.mktemp("onnx") / f"{Path(folder).name}-onnx"
     assert export_onnx(ExportOptions(model_dir=folder, output=out, **options)) == out
@@ -205,7 +205,7 @@ def client_feed(folder: Path, texts: list[str]) -> dict:
     """What a client feeds an exported folder's graph: `tokenizer.json` alone, int64 arrays."""
     from tokenizers import Tokenizer
 
-    from convert.onnx_graph import graph_inputs
+    from moe_embed.convert.onnx_graph import graph_inputs
 
     tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
     return {name: value.numpy() for name, value in graph_inputs(tokenizer, texts).items()}
@@ -228,7 +228,7 @@ def tokenizer(dense_path):
 @pytest.fixture()
 def mote_model(mote_dir):
     """A fresh (mutable) MoTE model loaded from the upcycled folder through the package classes."""
-    from modeling.modeling_mote import MoteBertModel
+    from moe_embed.modeling.modeling_mote import MoteBertModel
 
     return MoteBertModel.from_pretrained(mote_dir).eval()
 
@@ -239,7 +239,7 @@ def tiny_prefix_ids() -> dict[str, list[int]]:
     stores them."""
     from transformers import AutoTokenizer
 
-    from modeling.defaults import DEFAULT_TASK_PREFIXES
+    from moe_embed.modeling.defaults import DEFAULT_TASK_PREFIXES
 
     tokenizer = AutoTokenizer.from_pretrained(str(TINY_MODEL))
     return {task: tokenizer(prefix)["input_ids"][:-1] for task, prefix in DEFAULT_TASK_PREFIXES.items()}
@@ -248,7 +248,7 @@ def tiny_prefix_ids() -> dict[str, list[int]]:
 def tiny_mote_config(**overrides):
     """A small random MoTE config (fast to build) whose prefixes are the tiny model tokenizer's ids; its
     vocabulary is wider than the tokenizer's, so that random ids of 1000..1999 never start with a prefix."""
-    from modeling.configuration_mote import MoteBertConfig
+    from moe_embed.modeling.configuration_mote import MoteBertConfig
 
     kwargs = dict(
         vocab_size=2048,
@@ -266,7 +266,7 @@ def tiny_mote_config(**overrides):
 
 def tiny_moe_config(**overrides):
     """A small random token-routed MoE config."""
-    from modeling.configuration_moe import MoeBertConfig
+    from moe_embed.modeling.configuration_moe import MoeBertConfig
 
     kwargs = dict(
         vocab_size=1000,
@@ -285,7 +285,7 @@ def tiny_moe_config(**overrides):
 
 def tiny_comoe_config(**overrides):
     """A small random CoMoE config (no dropout, so train and eval forward passes compare)."""
-    from modeling.configuration_comoe import CoMoeBertConfig
+    from moe_embed.modeling.configuration_comoe import CoMoeBertConfig
 
     kwargs = dict(
         vocab_size=1000,
@@ -476,7 +476,7 @@ def tiny_family_model(family: str, experts_implementation: str = "eager", **over
     the residual stream. Same weights for the same family and arguments."""
     from transformers import AutoConfig, AutoModel
 
-    from modeling.modeling_moe import MoeBertModel
+    from moe_embed.modeling.modeling_moe import MoeBertModel
 
     torch.manual_seed(0)
     kwargs = dict(num_experts_per_tok=2)

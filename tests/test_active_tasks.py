@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import TEXTS, randomize_experts
 
-from modeling.modeling_mote import MoteBertModel
+from moe_embed.modeling.modeling_mote import MoteBertModel
 
 
 @pytest.fixture()

@@ -8,12 +8,12 @@ import pytest
 import torch
 from conftest import AEA_FAMILIES, tiny_family_model
 
-import modeling.aea_controller as aea_controller
-from modeling.aea_allocation import allocate_layers, allocate_tokens, attention_strength
-from modeling.aea_controller import AdaptiveExpertAllocation
-from modeling.aea_homogeneity import measure_homogeneity
-from modeling.aea_layers import find_moe_layers, run_model
-from modeling.aea_pooling import sentence_embedding
+import moe_embed.modeling.aea_controller as aea_controller
+from moe_embed.modeling.aea_allocation import allocate_layers, allocate_tokens, attention_strength
+from moe_embed.modeling.aea_controller import AdaptiveExpertAllocation
+from moe_embed.modeling.aea_homogeneity import measure_homogeneity
+from moe_embed.modeling.aea_layers import find_moe_layers, run_model
+from moe_embed.modeling.aea_pooling import sentence_embedding
 
 IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
 

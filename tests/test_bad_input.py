@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURE_DATA, run_main
 
-from convert.calibrate_aea import main as calibrate_main
-from convert.export_onnx import main as export_main
-from evaluation.run import main as evaluate_main
-from training.data_tools import main as data_tools_main
-from training.train import main as train_main
+from moe_embed.convert.calibrate_aea import main as calibrate_main
+from moe_embed.convert.export_onnx import main as export_main
+from moe_embed.evaluation.run import main as evaluate_main
+from moe_embed.training.data_tools import main as data_tools_main
+from moe_embed.training.train import main as train_main
 
 
 def _one_line(code: int, err: str, expected: str) -> None:

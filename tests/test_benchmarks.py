@@ -46,7 +46,7 @@ def test_benchmark_scripts_run(dense_path, mote_dir, moe_dir, capsys):
 
 def test_batch_of_mixes_every_task_or_takes_the_given(mote_model):
     from benchmarks.common import batch_of
-    from modeling.task_router import TaskRouter
+    from moe_embed.modeling.task_router import TaskRouter
 
     config = mote_model.config
     mixed = TaskRouter(config).match(batch_of(mote_model, 8, 16)["input_ids"])[0]
@@ -144,9 +144,9 @@ def test_onnx_encoder_is_scored_by_mteb_as_its_sentence_transformer(trained_mote
     from sentence_transformers import SentenceTransformer
 
     from benchmarks.onnx_encoder import OnnxEncoder
-    from convert.onnx_graph import GRAPH_FILE
-    from evaluation.run import load_tasks
-    from evaluation.tasks import score
+    from moe_embed.convert.onnx_graph import GRAPH_FILE
+    from moe_embed.evaluation.run import load_tasks
+    from moe_embed.evaluation.tasks import score
 
     encoder = OnnxEncoder(mote_onnx, GRAPH_FILE)
     tasks = load_tasks(["STSBenchmark", "SciFact", "Banking77Clustering"], str(FIXTURE_DATA))

@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import TEXTS, run_isolated, run_main, tiny_family_model
 
-from convert.aea_calibration import PROMPT_EOL, embed
-from convert.calibrate_aea import main as calibrate_main
-from convert.upcycle import main as upcycle_main
-from modeling.aea_controller import AdaptiveExpertAllocation
+from moe_embed.convert.aea_calibration import PROMPT_EOL, embed
+from moe_embed.convert.calibrate_aea import main as calibrate_main
+from moe_embed.convert.upcycle import main as upcycle_main
+from moe_embed.modeling.aea_controller import AdaptiveExpertAllocation
 
 CALIBRATION = [
     "A man is playing a guitar.",

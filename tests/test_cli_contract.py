@@ -1,4 +1,4 @@
-"""moe_embed_cli: bad input ends a script with one line on stderr and exit code 2; bugs keep their traceback."""
+"""moe_embed.cli: bad input ends a script with one line on stderr and exit code 2; bugs keep their traceback."""
 
 import pytest
 
@@ -45,7 +45,7 @@ def test_main_gets_argv_and_its_result_is_returned():
     ],
 )
 def test_help_texts_say_what_each_command_and_option_does(argv, expected, capsys):
-    from moe_embed_cli import main
+    from moe_embed.cli import main
 
     with pytest.raises(SystemExit) as done:
         main(argv)

@@ -10,17 +10,17 @@ import pytest
 from conftest import REPO
 
 SCRIPTS = [
-    "convert.upcycle",
-    "convert.merge_experts",
-    "convert.export_onnx",
-    "convert.extract_adapter",
-    "convert.push_to_hub",
-    "convert.calibrate_aea",
-    "training.train",
-    "training.data_tools",
-    "evaluation.run",
-    "evaluation.intertask",
-    "evaluation.expert_usage",
+    "moe_embed.convert.upcycle",
+    "moe_embed.convert.merge_experts",
+    "moe_embed.convert.export_onnx",
+    "moe_embed.convert.extract_adapter",
+    "moe_embed.convert.push_to_hub",
+    "moe_embed.convert.calibrate_aea",
+    "moe_embed.training.train",
+    "moe_embed.training.data_tools",
+    "moe_embed.evaluation.run",
+    "moe_embed.evaluation.intertask",
+    "moe_embed.evaluation.expert_usage",
     "experiments.prepare_data",
     "experiments.mote_vs_ic",
     "experiments.comoe_vs_lora",
@@ -56,9 +56,11 @@ def test_own_imports_raise_no_deprecation_warning():
     """sentence-transformers 6 warns on `sentence_transformers.models`; this package imports the new path
     there and the old one only on 5.x."""
     code = (
-        "import convert.export_onnx, convert.upcycle, evaluation.run, training.train\n"
-        "import modeling.st_mote, modeling.st_moe, modeling.st_aea, modeling.st_compat\n"
-        "from convert.onnx_graph import st_head\n"
+        "import moe_embed.convert.export_onnx, moe_embed.convert.upcycle\n"
+        "import moe_embed.evaluation.run, moe_embed.training.train\n"
+        "import moe_embed.modeling.st_mote, moe_embed.modeling.st_moe\n"
+        "import moe_embed.modeling.st_aea, moe_embed.modeling.st_compat\n"
+        "from moe_embed.convert.onnx_graph import st_head\n"
     )
     result = subprocess.run(
         [sys.executable, "-W", "error::DeprecationWarning", "-c", code],

@@ -11,9 +11,9 @@ from conftest import TEXTS, randomize_lora_b, run_isolated, run_main
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 
-from convert.extract_adapter import main as extract_main
-from convert.upcycle import main as upcycle_main
-from modeling.modeling_comoe import CoMoeBertModel
+from moe_embed.convert.extract_adapter import main as extract_main
+from moe_embed.convert.upcycle import main as upcycle_main
+from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 
 COMPARE = """
 import json, sys, torch
@@ -96,8 +96,8 @@ def test_upcycled_folder_layout(comoe_dir, dense_path):
 
 def test_the_bundled_base_is_named_by_its_hub_id():
     """Folders made from the bundled MiniLM name it by its Hub id, never by its path inside a virtual environment."""
-    from convert.builders import base_name
-    from convert.upcycle import UpcycleOptions
+    from moe_embed.convert.builders import base_name
+    from moe_embed.convert.upcycle import UpcycleOptions
     from moe_embed.folders import BUNDLED_MODEL_ID, bundled_minilm_path
 
     assert base_name(UpcycleOptions(arch="comoe")) == BUNDLED_MODEL_ID

@@ -8,10 +8,10 @@ from conftest import TEXTS, randomize_lora_b, run_main
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModel, AutoTokenizer, BertModel
 
-from convert.merge_experts import main as merge_main
-from convert.merging import comoe_routing_weights
-from convert.upcycle import main as upcycle_main
-from modeling.modeling_comoe import CoMoeBertModel
+from moe_embed.convert.merge_experts import main as merge_main
+from moe_embed.convert.merging import comoe_routing_weights
+from moe_embed.convert.upcycle import main as upcycle_main
+from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 
 
 def test_single_expert_merge_equals_the_model_and_needs_no_remote_code(tmp_path, capsys):

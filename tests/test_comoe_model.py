@@ -7,9 +7,9 @@ import pytest
 import torch
 from conftest import randomize_lora_b, sharpen_routers, tiny_comoe_config, top_k_margin
 
-from modeling.comoe_layer import CoMoeLinear, contrastive_expert_loss, expert_similarities
-from modeling.configuration_comoe import resolve_target_modules
-from modeling.modeling_comoe import CoMoeBertModel
+from moe_embed.modeling.comoe_layer import CoMoeLinear, contrastive_expert_loss, expert_similarities
+from moe_embed.modeling.configuration_comoe import resolve_target_modules
+from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 
 
 def gram(reps):

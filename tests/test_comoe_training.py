@@ -1,4 +1,4 @@
-"""Training CoMoE and the plain LoRA baseline through training.train: only adapters change."""
+"""Training CoMoE and the plain LoRA baseline through moe_embed.training.train: only adapters change."""
 
 import json
 from pathlib import Path
@@ -8,9 +8,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from moe_embed.training.config import TrainingConfig, from_mapping
+from moe_embed.training.train import main as train_main
 from moe_embed.usage import UsageError
-from training.config import TrainingConfig, from_mapping
-from training.train import main as train_main
 
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B", ".router.weight")
 
@@ -33,7 +33,7 @@ def _config(tmp_path, **settings):
 
 @pytest.mark.slow
 def test_comoe_training_changes_only_adapters(tmp_path, dense_path):
-    from convert.upcycle import main as upcycle_main
+    from moe_embed.convert.upcycle import main as upcycle_main
 
     train_main(["--config", str(_config(tmp_path, model=dense_path, arch="comoe", seed=3))])
     trained = load_file(str(tmp_path / "out" / "model.safetensors"))
@@ -56,7 +56,7 @@ def test_comoe_training_changes_only_adapters(tmp_path, dense_path):
 
 @pytest.mark.slow
 def test_comoe_folder_trains_and_saves_adapter_only(tmp_path, comoe_dir, dense_path):
-    from modeling.modeling_comoe import CoMoeBertModel
+    from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 
     path = _config(tmp_path, model=comoe_dir, trust_remote_code=True, save_adapter_only=True)
     trained_model = train_main(["--config", str(path)])

@@ -5,8 +5,8 @@ import pytest
 import torch
 from conftest import TEXTS, read_json
 
-from modeling.compat import REQUIREMENTS, legacy_bidirectional_mask
-from modeling.modeling_mote import MoteBertModel
+from moe_embed.modeling.compat import REQUIREMENTS, legacy_bidirectional_mask
+from moe_embed.modeling.modeling_mote import MoteBertModel
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
@@ -16,7 +16,7 @@ def test_legacy_padding_mask_gives_the_same_outputs(implementation, mote_dir, to
     assert not bool(batch["attention_mask"].all())
     with torch.no_grad():
         expected = model(**batch).last_hidden_state
-        monkeypatch.setattr("modeling.modeling_encoder.create_bidirectional_mask", legacy_bidirectional_mask)
+        monkeypatch.setattr("moe_embed.modeling.modeling_encoder.create_bidirectional_mask", legacy_bidirectional_mask)
         got = model(**batch).last_hidden_state
     real = batch["attention_mask"].bool()
     assert torch.allclose(got[real], expected[real], atol=1e-6)  # masks of other shapes may take other kernels
@@ -33,7 +33,7 @@ def test_portable_module_files_load_alike_on_sentence_transformers_6(mote_dir, t
     loads on 6.x with the same embeddings (`scripts/test_old_stack.sh` loads it on 5.1)."""
     from sentence_transformers import SentenceTransformer
 
-    from modeling.st_folder import write_portable_module_files
+    from moe_embed.modeling.st_folder import write_portable_module_files
 
     original = SentenceTransformer(mote_dir, trust_remote_code=True)
     original.save(str(tmp_path / "resaved"))

@@ -5,7 +5,7 @@ import torch
 import torch._dynamo
 from conftest import tiny_family_model, tiny_mote_config, tiny_prefix_ids
 
-from modeling.modeling_mote import MoteBertModel
+from moe_embed.modeling.modeling_mote import MoteBertModel
 
 # search_query:, search_document:, classification:, clustering: (with [CLS]), in the tasks' order
 PREFIXES = list(tiny_prefix_ids().values())

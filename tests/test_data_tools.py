@@ -1,4 +1,4 @@
-"""training.data_tools: hard-negative mining with the positive-aware margin, consistency filtering, embedded
+"""moe_embed.training.data_tools: hard-negative mining with the positive-aware margin, consistency filtering, embedded
 through `moe-embed embed` and searched with faiss."""
 
 import json
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
+from moe_embed.training.data_tools import consistency_keep, main, positive_index
 from moe_embed.usage import run_cli
-from training.data_tools import consistency_keep, main, positive_index
 
 PAIRS = [
     {"anchor": "what do cats eat", "positive": "Cats eat meat and fish."},

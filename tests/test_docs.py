@@ -102,7 +102,7 @@ def test_docs_code_blocks_run_in_order(page, tmp_path):
 def test_every_block_runs_or_says_why_and_yaml_blocks_load(page, tmp_path):
     """A block that is not run names its reason; a runnable block is bash or python; a YAML block is a training
     config that `moe-embed train` loads (its datasets are not read)."""
-    from training.train import load_config
+    from moe_embed.training.train import load_config
 
     for index, (language, code, why) in enumerate(blocks_with_reasons((REPO / "docs" / page).read_text())):
         assert why is None or len(why.split()) >= 2, f"{page} block {index}: say why it is not run"
@@ -118,17 +118,19 @@ def test_every_block_runs_or_says_why_and_yaml_blocks_load(page, tmp_path):
 # a documented command -> (module whose `main(argv)` parses it, the arguments): the forms the docs use
 def tool_of(words: list[str]) -> tuple[str, list[str]] | None:
     """`(module, arguments)` of a command of this package, or `None` for any other command."""
-    from moe_embed_cli import SUBCOMMANDS
+    from moe_embed.cli import SUBCOMMANDS
 
     for i, word in enumerate(words):
         if word == "moe-embed" and i + 1 < len(words):
-            return "moe_embed_cli", words[i + 1 :]
+            return "moe_embed.cli", words[i + 1 :]
         if word.endswith(".py") and word.split("/")[0] in ("convert", "benchmarks", "experiments"):
             return word.removesuffix(".py").replace("/", "."), words[i + 1 :]
         if word == "-m" and i + 1 < len(words) and words[i + 1] != "pytest":
             module = words[i + 1]
             known = {module for module, _, _ in SUBCOMMANDS.values()}
-            if module in known or module.split(".")[0] in ("benchmarks", "experiments", "moe_embed_cli"):
+            if module == "moe_embed":  # python -m moe_embed SUBCOMMAND
+                return "moe_embed.cli", words[i + 2 :]
+            if module in known or module.split(".")[0] in ("benchmarks", "experiments"):
                 return module, words[i + 2 :]
     return None
 
@@ -170,10 +172,18 @@ def parse_problems(text: str, monkeypatch) -> tuple[list[str], int]:
 
 @pytest.mark.parametrize(
     ("page", "at_least"),
-    [("results.md", 10), ("benchmarks.md", 10), ("serving.md", 1), ("data.md", 3), ("embedding.md", 5)],
+    [
+        ("docs/results.md", 10),
+        ("docs/benchmarks.md", 10),
+        ("docs/serving.md", 1),
+        ("docs/data.md", 3),
+        ("docs/embedding.md", 5),
+        ("benchmarks/results/serving.md", 5),
+        ("benchmarks/results/embedding.md", 1),
+    ],
 )
 def test_documented_commands_parse(page, at_least, monkeypatch, capsys):
-    problems, parsed = parse_problems((REPO / "docs" / page).read_text(encoding="utf-8"), monkeypatch)
+    problems, parsed = parse_problems((REPO / page).read_text(encoding="utf-8"), monkeypatch)
     assert problems == [], capsys.readouterr().err[-2000:]
     assert parsed >= at_least  # the walk found the page's commands
 

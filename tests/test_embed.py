@@ -14,8 +14,8 @@ import pytest
 from conftest import REPO, run_main
 from sentence_transformers import SentenceTransformer
 
-from training.embed import FAULT_VARIABLE, EmbedOptions, embed_corpus
-from training.embed import main as embed_main
+from moe_embed.training.embed import EmbedOptions, ShardWorker, embed_corpus
+from moe_embed.training.embed import main as embed_main
 
 TEXTS = [
     "Isaac Newton formulated the laws of motion.",
@@ -55,16 +55,56 @@ def read_output(folder: Path) -> dict[str, np.ndarray]:
     return rows
 
 
-def embed(model, corpus, output, **options):
+def embed(model, corpus, output, worker=ShardWorker, **options):
     options = {"trust_remote_code": True, "rows_per_shard": 4, "batch_size": 3, **options}
-    return embed_corpus(EmbedOptions(model=str(model), input=str(corpus), output=output, **options))
+    return embed_corpus(EmbedOptions(model=str(model), input=str(corpus), output=output, **options), worker)
+
+
+def failing_once(how: str, marker: Path) -> type[ShardWorker]:
+    """A worker whose first try at a shard, across actors, dies (the process exits) or raises before writing: the
+    first to create `marker`. Defined here, so Ray sends the class itself to the actors."""
+
+    class FailingOnce(ShardWorker):
+        def embed(self, shard):
+            try:
+                marker.touch(exist_ok=False)
+            except FileExistsError:
+                return super().embed(shard)
+            if how == "exit":
+                os._exit(1)
+            raise RuntimeError("a fault the test injected")
+
+    return FailingOnce
+
+
+# `moe-embed embed` in a process of its own whose workers fail on shard `sys.argv[2]` every time: they die (exit)
+# or raise (`sys.argv[1]`); the class is defined in `__main__`, so Ray sends it to the actors
+ALWAYS_FAILING_JOB = """
+import os, sys
+from moe_embed.training.embed import ShardWorker, main
+from moe_embed.usage import run_cli
+
+how, index = sys.argv[1], int(sys.argv[2])
+
+
+class AlwaysFailing(ShardWorker):
+    def embed(self, shard):
+        if shard.index != index:
+            return super().embed(shard)
+        if how == "exit":
+            os._exit(1)
+        raise RuntimeError("a fault the test injected")
+
+
+run_cli(lambda argv: main(argv, worker=AlwaysFailing), sys.argv[3:])
+"""
 
 
 @pytest.fixture(scope="module")
 def aea_dir(dense_path, tmp_path_factory) -> str:
     """AEA calibrated on a token-routed MoE whose experts differ (upcycled with expert noise)."""
-    from convert.calibrate_aea import main as calibrate_main
-    from convert.upcycle import main as upcycle_main
+    from moe_embed.convert.calibrate_aea import main as calibrate_main
+    from moe_embed.convert.upcycle import main as upcycle_main
 
     work = tmp_path_factory.mktemp("aea")
     moe = ["--base", dense_path, "--arch", "moe", "--num-experts", "4", "--expert-noise", "0.05"]
@@ -118,7 +158,7 @@ def test_texts_longer_than_the_model_are_counted_at_the_boundary(fixture, task, 
     the last is counted, as the model's own tokenizer counts it; counting leaves the model's tokenizer truncating."""
     from transformers import AutoTokenizer
 
-    from training.embedders import Embedder
+    from moe_embed.training.embedders import Embedder
 
     model = str(request.getfixturevalue(fixture))
     embedder = Embedder(model, task, trust_remote_code=True)
@@ -191,11 +231,10 @@ def test_stopped_job_resumes_to_the_one_process_result(trained_mote, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["exit", "raise"])
-def test_actor_that_dies_or_raises_is_retried_to_an_exact_result(fault, trained_mote, tmp_path, monkeypatch):
+def test_actor_that_dies_or_raises_is_retried_to_an_exact_result(fault, trained_mote, tmp_path):
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
     marker = tmp_path / "fault-happened"
-    monkeypatch.setenv(FAULT_VARIABLE, f"{fault}:{marker}")
-    report = embed(trained_mote, corpus, tmp_path / "out", task="query")
+    report = embed(trained_mote, corpus, tmp_path / "out", failing_once(fault, marker), task="query")
     assert marker.exists()  # one shard's worker did die (or raise) once
     assert (report.embedded, report.resumed_shards) == (len(TEXTS), 0)
     expected = SentenceTransformer(str(trained_mote), trust_remote_code=True).encode(TEXTS, prompt_name="query")
@@ -211,9 +250,8 @@ def test_shard_that_always_fails_ends_the_job_and_the_rest_resumes(fault, messag
     failing job is the command in a process of its own: its actors end with it, as a failed command's do."""
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS)
     args = [dense_path, str(corpus), "--output", str(tmp_path / "out"), "--rows-per-shard", "4", "--max-retries", "1"]
-    environment = {**os.environ, FAULT_VARIABLE: f"{fault}-shard:1"}
-    command = [sys.executable, "-m", "training.embed", *args]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=environment, timeout=600)
+    command = [sys.executable, "-c", ALWAYS_FAILING_JOB, fault, "1", *args]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
     assert done.returncode == 2 and message in done.stderr.strip().splitlines()[-1], done.stderr[-3000:]
     written = sorted(p.name for p in (tmp_path / "out").glob("part-*.parquet"))  # those that ran before shard 1
     assert "part-000001.parquet" not in written
@@ -248,7 +286,7 @@ def test_bad_rows_are_counted_listed_and_exit_2(dense_path, tmp_path, capsys):
 @pytest.mark.parametrize("memory_mib", [pytest.param(None, marks=pytest.mark.slow), 1e-5])
 def test_duplicated_ids_fail_naming_them(memory_mib, dense_path, tmp_path, capsys, monkeypatch):
     if memory_mib:
-        monkeypatch.setattr("training.embed.ID_CHECK_MIB", memory_mib)
+        monkeypatch.setattr("moe_embed.training.embed.ID_CHECK_MIB", memory_mib)
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS[:6], ids=["x", "y", "z", "y", "w", "x"])
     args = [str(corpus), "--output", str(tmp_path / "out"), "--rows-per-shard", "2"]  # copies in other shards
     code, err = run_main(embed_main, dense_path, *args, capsys=capsys)
@@ -260,7 +298,7 @@ def test_duplicated_ids_fail_naming_them(memory_mib, dense_path, tmp_path, capsy
 def test_repeated_ids_are_found_in_any_memory():
     """The id check finds the same repeated hashes whether it holds them all or spills them to buckets on disk,
     with copies in different batches and hashes spread over the whole 64-bit range."""
-    from training.embed import repeated_hashes
+    from moe_embed.training.embed import repeated_hashes
 
     rng = np.random.default_rng(0)
     unique = rng.permutation(np.unique(rng.integers(0, 2**64 - 1, size=4000, dtype=np.uint64)))
@@ -317,6 +355,29 @@ def test_bad_input_is_one_line_and_exit_2(case, message, trained_mote, dense_pat
         assert not (tmp_path / "out").exists()
 
 
+# `moe-embed embed` whose first actor to start waits 15 s before it loads the model, as on a busy node
+SLOW_START_JOB = """
+import sys, time
+from pathlib import Path
+from moe_embed.training.embed import ShardWorker, main
+from moe_embed.usage import run_cli
+
+marker = Path(sys.argv[1])
+
+
+class SlowStart(ShardWorker):
+    def __init__(self, *args, **kwargs):
+        try:
+            marker.touch(exist_ok=False)
+            time.sleep(15)
+        except FileExistsError:
+            pass
+        super().__init__(*args, **kwargs)
+
+
+run_cli(lambda argv: main(argv, worker=SlowStart), sys.argv[2:])
+"""
+
 CLUSTER_JOB = """
 import json, subprocess, sys
 from ray.cluster_utils import Cluster
@@ -326,7 +387,7 @@ cluster.add_node(num_cpus=1)
 cluster.wait_for_nodes()
 try:
     done = subprocess.run(
-        [sys.executable, "-m", "training.embed", *sys.argv[1:], "--address", cluster.address],
+        [sys.executable, "-c", sys.argv[1], *sys.argv[2:], "--address", cluster.address],
         capture_output=True, text=True, timeout=600,
     )
     print(json.dumps({"code": done.returncode, "out": done.stdout, "err": done.stderr[-2000:]}))
@@ -341,7 +402,8 @@ from ray.cluster_utils import Cluster
 
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
 try:  # a Ray already running on this machine (a notebook's, another job's): the job must not join it
-    done = subprocess.run([sys.executable, "-m", "training.embed", *sys.argv[1:]], capture_output=True, text=True)
+    command = [sys.executable, "-m", "moe_embed.training.embed", *sys.argv[1:]]
+    done = subprocess.run(command, capture_output=True, text=True)
     nodes = [node.node_id for node in cluster.list_all_nodes()]
     print(json.dumps({"code": done.returncode, "err": done.stderr[-2000:], "nodes": nodes}))
 finally:
@@ -357,19 +419,22 @@ def test_a_job_without_address_runs_on_a_ray_of_its_own(dense_path, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, result["err"]
+    # a run that works says what it did and nothing of Ray's (its notes, deprecations, the core worker's E line)
+    lines = [line for line in result["err"].replace("\r", "\n").splitlines() if line.strip()]
+    assert lines and all(line.startswith(("embed:", "1 actors of")) for line in lines), lines
     [summary] = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("_part-*.json")]
     assert result["nodes"] and summary["node"] not in result["nodes"]
 
 
 @pytest.mark.slow
-def test_address_runs_the_job_on_a_cluster_of_two_nodes(dense_path, tmp_path, monkeypatch):
+def test_address_runs_the_job_on_a_cluster_of_two_nodes(dense_path, tmp_path):
     corpus = write_corpus(tmp_path / "corpus.jsonl", TEXTS * 2, ids=[f"d{i}" for i in range(2 * len(TEXTS))])
     output = tmp_path / "out"
     args = [dense_path, str(corpus), "--output", str(output), "--rows-per-shard", "2", "--batch-size", "2"]
-    # one actor starts SLOW_START_S late, as on a busy node: the other must not take every shard meanwhile
-    monkeypatch.setenv(FAULT_VARIABLE, f"slow-start:{tmp_path / 'slow-start-happened'}")
+    # one actor starts 15 s late, as on a busy node: the other must not take every shard meanwhile
+    job = [SLOW_START_JOB, str(tmp_path / "slow-start-happened"), *args]
     done = subprocess.run(
-        [sys.executable, "-c", CLUSTER_JOB, *args], capture_output=True, text=True, cwd=REPO, timeout=900
+        [sys.executable, "-c", CLUSTER_JOB, *job], capture_output=True, text=True, cwd=REPO, timeout=900
     )
     assert (tmp_path / "slow-start-happened").exists()
     assert done.returncode == 0, done.stderr[-3000:]

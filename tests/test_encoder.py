@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import randomize_experts, tiny_moe_config, tiny_mote_config
 
-from modeling.modeling_encoder import EncoderBackboneOutput
-from modeling.modeling_moe import MoeBertModel
-from modeling.modeling_mote import MoteBertModel
+from moe_embed.modeling.modeling_encoder import EncoderBackboneOutput
+from moe_embed.modeling.modeling_moe import MoeBertModel
+from moe_embed.modeling.modeling_mote import MoteBertModel
 
 TEXTS = ["search_query: a b c d e f g", "clustering: x", "classification: one two"]
 
@@ -57,10 +57,10 @@ def test_backbone_output_is_named(family, tokenizer):
 
 def _routing(model, batch):
     if isinstance(model, MoteBertModel):
-        from modeling.modeling_mote import MoteRouting
+        from moe_embed.modeling.modeling_mote import MoteRouting
 
         return MoteRouting(((0, 0, batch["input_ids"].shape[0]),))
-    from modeling.modeling_moe import MoeRouting
+    from moe_embed.modeling.modeling_moe import MoeRouting
 
     return MoeRouting(batch["attention_mask"].reshape(-1).nonzero().squeeze(-1))
 

@@ -7,9 +7,9 @@ import json
 import pytest
 from conftest import FIXTURE_DATA, requires_shared_data
 
-from evaluation.run import TASKS
-from evaluation.run import main as run_main
-from evaluation.tasks import DEV_SETS, SUITE, get_task
+from moe_embed.evaluation.run import TASKS
+from moe_embed.evaluation.run import main as run_main
+from moe_embed.evaluation.tasks import DEV_SETS, SUITE, get_task
 from moe_embed.usage import run_cli
 
 
@@ -26,8 +26,8 @@ def test_suite_types_and_dev_sets_are_mtebs():
 def test_catalogue_pins_the_revisions_mteb_names():
     """`moe-embed data download` fetches the revision each mteb task reads (a copy of another revision could
     score differently)."""
-    from evaluation.tasks import _custom_tasks
     from moe_embed.data import CATALOGUE
+    from moe_embed.evaluation.tasks import _custom_tasks
 
     custom = _custom_tasks()
     for name in TASKS:

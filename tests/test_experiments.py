@@ -270,8 +270,8 @@ def test_recipe_is_the_recommended_variant_and_keeps_held_out_data_out():
 
 
 def test_forgetting_report_splits_domains_and_pairs_with_the_untouched_model():
-    from evaluation.run import TASKS
     from experiments.forgetting import split_report
+    from moe_embed.evaluation.run import TASKS
 
     def scores(value):
         return {task: {"main_score": value} for task in TASKS}
@@ -289,8 +289,8 @@ def test_forgetting_report_splits_domains_and_pairs_with_the_untouched_model():
 
 def test_forgetting_report_only_reports_every_variant_with_results(tmp_path):
     """A plain --report-only run reports the variants that only run through --variants (MoE, CoMoE) too."""
-    from evaluation.run import TASKS
     from experiments.forgetting import main
+    from moe_embed.evaluation.run import TASKS
 
     results = tmp_path / "results"
     results.mkdir()
@@ -343,7 +343,7 @@ def test_report_only_reads_results_written_under_the_old_task_names(tmp_path):
 
 def test_forgetting_trains_on_the_shared_files_and_selects_on_the_hub_copies(tmp_path, monkeypatch):
     from experiments import forgetting
-    from training.config import TrainingConfig, from_mapping
+    from moe_embed.training.config import TrainingConfig, from_mapping
 
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -369,9 +369,9 @@ def test_aea_test_pairs_are_the_hub_datasets_test_split():
 def test_a_dev_signal_is_clustered_as_the_suite_clusters_banking77(dense_path):
     from sentence_transformers import SentenceTransformer
 
-    from evaluation.tasks import get_task, load, score
     from experiments.dev_signals import clustering_task
     from moe_embed.data import load as load_rows
+    from moe_embed.evaluation.tasks import get_task, load, score
 
     model = SentenceTransformer(dense_path)
     rows = load_rows("mteb/banking77", None, "test", folder=FIXTURE_DATA)
@@ -384,8 +384,8 @@ def test_dev_signals_scores_stsb_dev_through_the_clustering_expert(mote_dir, tmp
 
     from sentence_transformers import SentenceTransformer
 
-    from evaluation.tasks import DEV_SETS, get_task, load
     from experiments import dev_signals
+    from moe_embed.evaluation.tasks import DEV_SETS, get_task, load
 
     data = tmp_path / "data"
     shutil.copytree(FIXTURE_DATA / "mteb/stsbenchmark-sts", data / "mteb/stsbenchmark-sts")
@@ -406,9 +406,9 @@ def test_dev_signals_scores_stsb_dev_through_the_clustering_expert(mote_dir, tmp
 
 @requires_shared_data
 def test_every_dataset_of_the_forgetting_recipe_is_in_the_shared_folder_or_its_copies(tmp_path, monkeypatch):
-    from evaluation.tasks import DEV_SETS, get_task, repo_of
     from experiments import forgetting
     from moe_embed.data import local_copy
+    from moe_embed.evaluation.tasks import DEV_SETS, get_task, repo_of
 
     monkeypatch.setenv("MOE_EMBED_SHARED", str(SHARED_DATA))
     config = forgetting.config(tmp_path, forgetting.RECOMMENDED, 0)

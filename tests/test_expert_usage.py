@@ -1,4 +1,4 @@
-"""evaluation.expert_usage: routing shares and expert-output cosines per layer, table, plot and CLI."""
+"""moe_embed.evaluation.expert_usage: routing shares and expert-output cosines per layer, table, plot and CLI."""
 
 import json
 
@@ -7,7 +7,7 @@ import torch
 from conftest import TEXTS, randomize_lora_b, run_main, sharpen_routers, top_k_margin
 from sentence_transformers import SentenceTransformer
 
-from evaluation.expert_usage import expert_usage, main, mean_pairwise_cosine, table
+from moe_embed.evaluation.expert_usage import expert_usage, main, mean_pairwise_cosine, table
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from conftest import (
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.models import Pooling
 
-from convert.export_onnx import main as export_main
-from convert.onnx_graph import SentenceEmbeddingGraph, export_graph
+from moe_embed.convert.export_onnx import main as export_main
+from moe_embed.convert.onnx_graph import SentenceEmbeddingGraph, export_graph
 
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 40)  # over any folder's max_seq_length here
 
@@ -106,7 +106,7 @@ def test_prefix_routed_folder_embeds_as_encode(dense_path, tmp_path, capfd):
     The export is quiet: the tracer reports no data-dependent guard (it would dump the whole traced program)."""
     from conftest import save_trained_copy
 
-    from convert.upcycle import main as upcycle
+    from moe_embed.convert.upcycle import main as upcycle
 
     upcycle(["--prefix-routes-only", "--base", dense_path, "--output", str(tmp_path / "mote")])
     save_trained_copy(str(tmp_path / "mote"), tmp_path / "trained", seed=7)
@@ -153,7 +153,7 @@ def test_onnx_folder_readme_embeds_without_torch(trained_mote, mote_onnx):
 
 
 def test_int8_graph_agrees_with_fp32_as_its_card_states(trained_mote, mote_onnx):
-    from convert.onnx_int8 import agreement_texts, row_cosines
+    from moe_embed.convert.onnx_int8 import agreement_texts, row_cosines
 
     config = read_json(mote_onnx / "onnx_config.json")
     assert config["int8"]["file"] == "onnx/model_qint8_avx512_vnni.onnx"
@@ -185,7 +185,7 @@ def test_moe_graph_keeps_padding_and_routing(implementation, tmp_path):
 
 
 def test_task_ids_input_and_strict_mote_graph_marks_unrouted_rows_nan(tokenizer, tmp_path):
-    from modeling.modeling_mote import MoteBertModel
+    from moe_embed.modeling.modeling_mote import MoteBertModel
 
     model = MoteBertModel(tiny_mote_config()).eval()  # no default task
     graph = SentenceEmbeddingGraph(model, [Pooling(model.config.hidden_size)])
@@ -225,8 +225,8 @@ def test_merged_comoe_exports_as_a_plain_dense_graph(comoe_dir, tmp_path, capsys
     (no router, no top-k) that embeds as the merged folder's `encode` and has every weight matmul in int8."""
     import onnx
 
-    from convert.merge_experts import main as merge_main
-    from convert.onnx_int8 import INT8_FILE
+    from moe_embed.convert.merge_experts import main as merge_main
+    from moe_embed.convert.onnx_int8 import INT8_FILE
 
     trained, merged, out = tmp_path / "comoe-trained", tmp_path / "merged", tmp_path / "merged-onnx"
     save_trained_copy(comoe_dir, trained, seed=3)  # LoRA experts that matter (upcycled B is 0)

@@ -12,20 +12,19 @@ from pathlib import Path
 import pytest
 from conftest import FIXTURE_DATA, REPO, run_main
 
-import moe_embed.folders
-from evaluation.run import main as evaluate_main
-from training.train import main as train_main
+from moe_embed.evaluation.run import main as evaluate_main
+from moe_embed.training.train import main as train_main
 
 
 def test_training_takes_data_dir_and_reads_every_dataset_before_upcycling(tmp_path, monkeypatch, capsys):
     """The recipe reads the data folder; `--data-dir` names one, and a missing file is the first thing said,
     before minutes of upcycling and loading."""
-    import convert.upcycle
+    import moe_embed.convert.upcycle
 
     def upcycle(*args, **kwargs):
         raise AssertionError("upcycled before every dataset was read")
 
-    monkeypatch.setattr(convert.upcycle, "upcycle", upcycle)
+    monkeypatch.setattr(moe_embed.convert.upcycle, "upcycle", upcycle)
     recipe = REPO / "examples" / "train_mote.yaml"
     code, err = run_main(train_main, "--config", str(recipe), "--data-dir", str(FIXTURE_DATA), capsys=capsys)
     assert code == 2 and "Traceback" not in err, err
@@ -38,7 +37,7 @@ def test_training_takes_data_dir_and_reads_every_dataset_before_upcycling(tmp_pa
 def test_evaluation_reads_every_task_before_the_model_and_keeps_scores_as_they_come(
     dense_path, tmp_path, monkeypatch, capsys
 ):
-    import evaluation.run
+    import moe_embed.evaluation.run
 
     loads = []
     original_load = moe_embed.folders.load_sentence_transformer
@@ -50,14 +49,14 @@ def test_evaluation_reads_every_task_before_the_model_and_keeps_scores_as_they_c
     )
     assert code == 2 and "mteb/sickr-sts" in err and loads == []  # the fixture has no SICK-R: said before loading
 
-    original = evaluation.run.evaluate
+    original = moe_embed.evaluation.run.evaluate
 
     def second_task_fails(model, task, *args):
         if task.metadata.name == "SciFact":
             raise KeyboardInterrupt  # the user stops the run during the second task
         return original(model, task, *args)
 
-    monkeypatch.setattr(evaluation.run, "evaluate", second_task_fails)
+    monkeypatch.setattr(moe_embed.evaluation.run, "evaluate", second_task_fails)
     output = tmp_path / "scores.json"
     with pytest.raises(KeyboardInterrupt):
         evaluate_main(
@@ -72,7 +71,7 @@ def test_evaluation_reads_every_task_before_the_model_and_keeps_scores_as_they_c
 
 
 def test_a_missing_base_is_reported_even_where_the_default_output_exists(tmp_path, monkeypatch, capsys):
-    from convert.upcycle import main as upcycle_main
+    from moe_embed.convert.upcycle import main as upcycle_main
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "models" / "mote-minilm").mkdir(parents=True)  # the default output of an earlier run

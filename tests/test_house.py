@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-# folder (or top-level module) -> the folders it may import; a folder may always import itself
+# layer -> the layers it may import; a layer may always import itself. A layer is a folder of the repository,
+# installed as a subpackage of `moe_embed` (`modeling/` is `moe_embed.modeling`), or the package's own modules
+# (`moe_embed/*.py`: the contracts the tools share), or the front door `moe_embed/cli.py`.
 LAYERS = {
     "modeling": set(),
     "hub_cards": set(),
@@ -19,40 +21,60 @@ LAYERS = {
     "convert": {"moe_embed", "modeling", "hub_cards"},
     "evaluation": {"moe_embed", "modeling"},
     "training": {"moe_embed", "modeling", "convert", "evaluation"},
-    "moe_embed_cli": {"moe_embed", "modeling", "convert", "evaluation", "training"},
+    "cli": {"moe_embed", "modeling", "convert", "evaluation", "training"},
     "benchmarks": {"moe_embed", "modeling", "convert", "evaluation", "training"},
     "experiments": {"moe_embed", "modeling", "convert", "evaluation", "training"},
     "examples": {"moe_embed", "modeling", "convert", "evaluation", "training"},
     "scripts": {"moe_embed", "modeling", "convert", "evaluation", "training"},
 }
+# the folders installed under `moe_embed`, and the module that is a layer of its own
+SUBPACKAGES = {"modeling", "convert", "training", "evaluation", "hub_cards", "cli"}
 # what model code may import: it runs from saved model folders, where nothing of this package exists
 MODEL_CODE_IMPORTS = {"torch", "transformers", "safetensors", "sentence_transformers"}
 
 
 def imports_of(source: str) -> list[tuple[int, str]]:
-    """`(line, top-level name)` of every absolute import in `source`."""
+    """`(line, dotted name)` of every absolute import in `source`."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+            found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
+            found.append((node.lineno, node.module))
     return found
 
 
+def layer_of_import(name: str) -> str | None:
+    """The layer an import names (`moe_embed.convert.upcycle` -> convert, `moe_embed.usage` -> moe_embed), or
+    None for another package's."""
+    parts = name.split(".")
+    if parts[0] != "moe_embed":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in SUBPACKAGES else "moe_embed"
+
+
+def layer_of_file(path: str) -> str:
+    owner = path.split("/")[0].removesuffix(".py")
+    return "cli" if path in ("moe_embed/cli.py", "moe_embed/__main__.py") else owner
+
+
 def layer_problems(files: dict[str, str]) -> list[str]:
-    """Imports that point up or sideways, for `{path relative to the repository: source}`."""
+    """Imports that point up or sideways, or name a folder as a top-level package, for `{path relative to the
+    repository: source}`."""
     problems = []
     for path, source in files.items():
-        owner = path.split("/")[0].removesuffix(".py")
+        owner = layer_of_file(path)
         if owner not in LAYERS:
             continue
         for line, name in imports_of(source):
-            if name in LAYERS and name != owner and name not in LAYERS[owner]:
-                problems.append(f"{path}:{line} imports {name} ({owner} may import {sorted(LAYERS[owner])})")
-            elif owner == "modeling" and name not in MODEL_CODE_IMPORTS | set(sys.stdlib_module_names):
+            top, layer = name.split(".")[0], layer_of_import(name)
+            if top in SUBPACKAGES:
+                problems.append(f"{path}:{line} imports {name}: installed, it is moe_embed.{name}")
+            elif layer and layer != owner and layer not in LAYERS[owner]:
+                problems.append(f"{path}:{line} imports {layer} ({owner} may import {sorted(LAYERS[owner])})")
+            elif owner == "modeling" and top not in MODEL_CODE_IMPORTS | set(sys.stdlib_module_names):
                 problems.append(f"{path}:{line} imports {name}: model code imports only torch, transformers, siblings")
-            if owner == "modeling" and name == "sentence_transformers" and not Path(path).name.startswith("st_"):
+            if owner == "modeling" and top == "sentence_transformers" and not Path(path).name.startswith("st_"):
                 problems.append(f"{path}:{line}: only the Sentence-Transformers modules (st_*.py) import it")
     return problems
 
@@ -74,14 +96,16 @@ def test_every_arrow_between_folders_points_down():
 
 def test_the_layer_check_can_fail():
     files = {
-        "convert/x.py": "from evaluation.run import TASKS\n",  # sideways
-        "moe_embed/y.py": "import convert.upcycle\n",  # up
+        "convert/x.py": "from moe_embed.evaluation.run import TASKS\n",  # sideways
+        "moe_embed/y.py": "import moe_embed.convert.upcycle\n",  # up
+        "evaluation/v.py": "from training.train import train\n",  # the old top-level name
         "modeling/z.py": "from moe_embed.usage import UsageError\nimport numpy\n",  # model code importing the package
         "modeling/w.py": "from sentence_transformers import SentenceTransformer\n",  # not an st_ module
-        "training/ok.py": "from convert.upcycle import upcycle\nfrom evaluation.run import evaluate\n",  # down
+        # down
+        "training/ok.py": "from moe_embed.convert.upcycle import upcycle\nfrom moe_embed.evaluation import run\n",
     }
     problems = layer_problems(files)
-    assert len(problems) == 5, problems
+    assert len(problems) == 6, problems
     assert not any(problem.startswith("training/") for problem in problems)
 
 
@@ -90,10 +114,10 @@ def _run_front_door(code: str) -> subprocess.CompletedProcess:
 
 
 def test_every_subcommand_answers_help_without_importing_torch():
-    from moe_embed_cli import SUBCOMMANDS
+    from moe_embed.cli import SUBCOMMANDS
 
     code = (
-        "import sys, json\nfrom moe_embed_cli import main\n"
+        "import sys, json\nfrom moe_embed.cli import main\n"
         "try:\n    code = main([sys.argv[1], '--help'])\nexcept SystemExit as stop:\n    code = stop.code\n"
         "print(json.dumps({'code': code, 'heavy': sorted(m for m in ('torch', 'transformers', "
         "'sentence_transformers') if m in sys.modules)}))\n"
@@ -120,7 +144,7 @@ def test_every_subcommand_answers_help_without_importing_torch():
 )
 def test_bad_arguments_are_one_line_before_any_heavy_import(argv, message):
     code = (
-        "import sys\nfrom moe_embed_cli import main\n"
+        "import sys\nfrom moe_embed.cli import main\n"
         "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as stop:\n    code = stop.code\n"
         "print('torch' in sys.modules, file=sys.stderr)\nsys.exit(code)\n"
     )
@@ -135,3 +159,74 @@ def test_the_console_script_is_installed():
     script = Path(sys.executable).parent / "moe-embed"
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "upcycle" in result.stdout and "calibrate-aea" in result.stdout
+
+
+def module_of(path: str) -> str | None:
+    """The installed name of a package file (`convert/upcycle.py` -> moe_embed.convert.upcycle), or None."""
+    parts = Path(path).with_suffix("").parts
+    if parts[0] == "moe_embed":
+        return ".".join(parts).removesuffix(".__init__")
+    if parts[0] in SUBPACKAGES:
+        return ".".join(("moe_embed", *parts)).removesuffix(".__init__")
+    return None
+
+
+def mutual_imports(files: dict[str, str]) -> list[str]:
+    """Pairs of package modules that import each other, anywhere in the file (in a function, under
+    TYPE_CHECKING: a command and its worker that name each other are one idea in two rooms)."""
+    modules = {module_of(path): source for path, source in files.items() if module_of(path)}
+    graph = {}
+    for module, source in modules.items():
+        package = module.rsplit(".", 1)[0]
+        names = set()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.level:  # the model code's relative imports
+                base = package if node.level == 1 else package.rsplit(".", node.level - 1)[0]
+                names |= {f"{base}.{node.module}"} if node.module else {f"{base}.{a.name}" for a in node.names}
+        names |= {name for _, name in imports_of(source)}
+        graph[module] = {name for name in names if name in modules and name != module}
+    return sorted(f"{a} <-> {b}" for a in graph for b in graph[a] if a < b and a in graph.get(b, ()))
+
+
+def test_no_two_package_files_import_each_other():
+    assert mutual_imports(repository_sources()) == []
+
+
+def test_the_mutual_import_check_can_fail():
+    files = {
+        "convert/upcycle.py": "def f():\n    from moe_embed.convert.builders import write\n",
+        "convert/builders.py": "if TYPE_CHECKING:\n    from moe_embed.convert.upcycle import X\n",
+        "modeling/a.py": "from .b import y\n",
+        "modeling/b.py": "def g():\n    from .a import x\n",
+        "convert/options.py": "",
+        "convert/merging.py": "from moe_embed.convert.options import MergeOptions\n",
+    }
+    assert mutual_imports(files) == [
+        "moe_embed.convert.builders <-> moe_embed.convert.upcycle",
+        "moe_embed.modeling.a <-> moe_embed.modeling.b",
+    ]
+
+
+def test_installed_the_package_is_one_name():
+    """Outside the repository, the folders are `moe_embed`'s subpackages and nothing else: a user's own
+    `training/` or `evaluation/` neither shadows ours nor is shadowed."""
+    code = (
+        "import importlib, json, sys\n"
+        "sys.path[:] = [p for p in sys.path if p not in ('', '.')]\n"
+        "found = {}\n"
+        "for name in ('modeling', 'convert', 'training', 'evaluation', 'hub_cards', 'moe_embed_cli',\n"
+        "             'moe_embed.modeling', 'moe_embed.convert.upcycle', 'moe_embed.training',\n"
+        "             'moe_embed.evaluation', 'moe_embed.hub_cards', 'moe_embed.cli'):\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "        found[name] = True\n"
+        "    except ImportError:\n"
+        "        found[name] = False\n"
+        "print(json.dumps(found))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert {name for name, ok in found.items() if ok} == {name for name in found if name.startswith("moe_embed.")}
+    main = subprocess.run([sys.executable, "-m", "moe_embed", "--help"], cwd="/", capture_output=True, text=True)
+    assert main.returncode == 0 and "calibrate-aea" in main.stdout

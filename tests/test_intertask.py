@@ -1,4 +1,4 @@
-"""evaluation.intertask: per-text inter-task similarities, the one-sided Welch test, plot and CLI."""
+"""moe_embed.evaluation.intertask: per-text inter-task similarities, the one-sided Welch test, plot and CLI."""
 
 import json
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from conftest import save_trained_copy
 
-from convert.instruction_baseline import save_dense_with_prompts
-from evaluation.intertask import TASKS, main, pair_similarities, welch_less
+from moe_embed.convert.instruction_baseline import save_dense_with_prompts
+from moe_embed.evaluation.intertask import TASKS, main, pair_similarities, welch_less
 from moe_embed.usage import run_cli
 
 TEXTS = [

@@ -8,7 +8,7 @@ from conftest import TEXTS, read_json, run_isolated, run_main, save_trained_copy
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 
-from convert.merge_experts import main as merge_main
+from moe_embed.convert.merge_experts import main as merge_main
 
 PLAIN_LOAD = """
 import json, sys

@@ -8,8 +8,8 @@ import torch
 from conftest import TEXTS, randomize_experts, run_isolated, tiny_moe_config
 from sentence_transformers import SentenceTransformer
 
-from modeling.modeling_moe import MoeBertModel, MoeBertSparseBlock
-from modeling.router_losses import load_balancing_loss, router_z_loss
+from moe_embed.modeling.modeling_moe import MoeBertModel, MoeBertSparseBlock
+from moe_embed.modeling.router_losses import load_balancing_loss, router_z_loss
 
 IMPLEMENTATIONS = ["eager", "batched_mm", "grouped_mm"]
 
@@ -225,14 +225,14 @@ def test_router_is_fp32_under_autocast_and_all_padding_gives_zero_aux_loss():
 def test_unnamed_experts_implementation_follows_the_device(caplog):
     """No implementation named: the fastest measured for the inputs' device, visible in the config and logged
     at debug level; a named one is never replaced."""
-    from modeling.modeling_moe import DEFAULT_EXPERTS, FASTEST_EXPERTS
+    from moe_embed.modeling.modeling_moe import DEFAULT_EXPERTS, FASTEST_EXPERTS
 
     torch.manual_seed(0)
     model = MoeBertModel(tiny_moe_config()).eval()
     ids, mask = _random_batch()
     model.use_fastest_experts(torch.device("cuda"))  # as a forward on a GPU would (no GPU needed)
     assert model.get_experts_implementation()[""] == FASTEST_EXPERTS.get("cuda", DEFAULT_EXPERTS) != "eager"
-    with caplog.at_level("DEBUG", logger="modeling.modeling_moe"), torch.no_grad():
+    with caplog.at_level("DEBUG", logger="moe_embed.modeling.modeling_moe"), torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
     assert model.get_experts_implementation()[""] == FASTEST_EXPERTS["cpu"] == "eager"
     assert any("experts implementation 'eager' for cpu" in r.getMessage() for r in caplog.records)

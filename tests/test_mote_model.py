@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import TEXTS, randomize_experts, tiny_mote_config
 
-from modeling.modeling_mote import MoteBertModel
-from modeling.task_router import TaskRouter
+from moe_embed.modeling.modeling_mote import MoteBertModel
+from moe_embed.modeling.task_router import TaskRouter
 
 TASKS = ["query", "document", "classification", "clustering"]
 

@@ -11,7 +11,7 @@ import onnxruntime
 import pytest
 from conftest import TEXTS, client_feed, read_json
 
-from convert.onnx_layout import eager_attention, flatten_layer_norms, transposed_operands_in_matmul
+from moe_embed.convert.onnx_layout import eager_attention, flatten_layer_norms, transposed_operands_in_matmul
 
 
 def optimized(path: Path, tmp_path: Path) -> onnx.ModelProto:

@@ -19,7 +19,7 @@ TOKEN = "hf_secretTestToken0123456789"
 @pytest.fixture(scope="module")
 def tiny_mote_dir(tmp_path_factory, dense_path):
     """The tiny model, copied beside its MoTE upcycling (the adapter test names it as a local base)."""
-    from convert.upcycle import main as upcycle
+    from moe_embed.convert.upcycle import main as upcycle
 
     root = tmp_path_factory.mktemp("push")
     source = root / "tiny-bert"
@@ -100,7 +100,7 @@ def test_folder_failing_validation_is_not_uploaded(tiny_mote_dir, tmp_path):
 
 
 def test_bad_repo_id_and_missing_weights(tiny_mote_dir, tmp_path, capsys):
-    from convert.push_to_hub import main
+    from moe_embed.convert.push_to_hub import main
     from moe_embed.usage import run_cli
 
     def run(*args):
@@ -122,8 +122,8 @@ def test_bad_repo_id_and_missing_weights(tiny_mote_dir, tmp_path, capsys):
 def test_adapter_folder_is_published_naming_a_hub_base(tiny_mote_dir, tmp_path):
     import json
 
-    from convert.extract_adapter import main as extract
-    from convert.upcycle import main as upcycle
+    from moe_embed.convert.extract_adapter import main as extract
+    from moe_embed.convert.upcycle import main as upcycle
 
     source = tiny_mote_dir.parent / "tiny-bert"
     upcycle(["--arch", "comoe", "--base", str(source), "--rank", "4", "--output", str(tmp_path / "comoe")])
@@ -150,7 +150,7 @@ def test_push_puts_the_evaluation_scores_in_the_cards_model_index(tiny_mote_dir,
     from conftest import FIXTURE_DATA
     from huggingface_hub import ModelCard
 
-    from evaluation.run import main as evaluate
+    from moe_embed.evaluation.run import main as evaluate
 
     scores = tmp_path / "results.json"
     tasks = "STSBenchmark,SciFact"

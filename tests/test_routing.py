@@ -187,7 +187,7 @@ def test_the_graph_reads_every_prefix_in_the_same_ops():
     run its own compare, reduce and select on every request."""
     from conftest import tiny_mote_config
 
-    from modeling.task_router import TaskRouter
+    from moe_embed.modeling.task_router import TaskRouter
 
     class Match(torch.nn.Module):
         def __init__(self, config):
@@ -242,19 +242,19 @@ def test_an_old_sentence_transformers_gets_one_line_naming_the_version(monkeypat
 
     import sentence_transformers
 
-    import modeling.st_compat
+    import moe_embed.modeling.st_compat
 
     monkeypatch.setattr(sentence_transformers, "__version__", "3.4.1")
     with pytest.raises(ImportError, match=r"needs sentence-transformers>=5\.1, found 3\.4\.1: pip install -U"):
-        importlib.reload(modeling.st_compat)
+        importlib.reload(moe_embed.modeling.st_compat)
     monkeypatch.undo()
-    importlib.reload(modeling.st_compat)
+    importlib.reload(moe_embed.modeling.st_compat)
 
 
 def test_a_task_name_finds_its_prompt_where_a_prompt_name_is_asked_for(mote_dir):
     """`moe-embed embed --task classification` and the inter-task analysis name MoTE tasks; the folder's prompt
     names are mteb's (`Classification`): the task's name finds its prompt, a prompt name itself still works."""
-    from training.embedders import prompt_name
+    from moe_embed.training.embedders import prompt_name
 
     prompts = SentenceTransformer(mote_dir, trust_remote_code=True).prompts
     assert [prompts[prompt_name(task, prompts)] for task in ("query", "document", "classification", "clustering")] == [

@@ -7,7 +7,7 @@ from accelerate.data_loader import BatchSamplerShard
 from sentence_transformers.base.sampler import DefaultBatchSampler
 from torch.utils.data import ConcatDataset
 
-from training.sampler import TaskAwareBatchSampler
+from moe_embed.training.sampler import TaskAwareBatchSampler
 
 # Three datasets (entries), batch size 4: 16, 9 and 12 batches. No world size above 1 used here divides
 # all three, so a step cannot line up with dataset boundaries by accident: only choosing the dataset

@@ -7,7 +7,7 @@ import torch
 from conftest import TEXTS, randomize_experts, run_isolated
 from sentence_transformers import SentenceTransformer
 
-from modeling.modeling_mote import MoteBertModel
+from moe_embed.modeling.modeling_mote import MoteBertModel
 
 LOAD_AND_ENCODE = """
 import json, sys, torch

@@ -121,7 +121,7 @@ def test_task_without_prefix_option(mote_dir):
 
 
 def test_prefix_routes_only_folder_embeds_plain_text_as_the_dense_model(dense_path, tmp_path, st_dense):
-    from convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
 
     folder = upcycle(UpcycleOptions(base=dense_path, output=tmp_path / "route-only", prefix_routes_only=True))
     model = SentenceTransformer(str(folder), trust_remote_code=True)

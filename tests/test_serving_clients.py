@@ -102,7 +102,7 @@ def test_openvino_reads_the_graph_and_embeds_as_pytorch(family, request):
         cos = (quantized * got).sum(1) / np.linalg.norm(quantized, axis=1) / np.linalg.norm(got, axis=1)
         assert cos.min() >= bound - 0.01, file
     # its routers stay fp32: no FakeQuantize in front of a router's matmul
-    from convert.openvino_int8 import is_router
+    from moe_embed.convert.openvino_int8 import is_router
 
     int8 = core.read_model(str(folder / "openvino/openvino_model_qint8_quantized.xml"))
     routers = [op for op in int8.get_ops() if is_router(op)]

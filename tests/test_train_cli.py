@@ -1,4 +1,4 @@
-"""training.train: the task registry reaches the losses, prompts and batches; bad configs exit 2."""
+"""moe_embed.training.train: the task registry reaches the losses, prompts and batches; bad configs exit 2."""
 
 import json
 from pathlib import Path
@@ -7,11 +7,11 @@ import pytest
 import yaml
 from sentence_transformers import SentenceTransformer
 
+from moe_embed.training.config import TrainingConfig, describe_options
+from moe_embed.training.tasks import TASK_TYPES
+from moe_embed.training.train import build_entries, load_config, read_datasets
+from moe_embed.training.train import main as train_main
 from moe_embed.usage import UsageError, run_cli
-from training.config import TrainingConfig, describe_options
-from training.tasks import TASK_TYPES
-from training.train import build_entries, load_config, read_datasets
-from training.train import main as train_main
 
 
 def _jsonl(path, rows):
@@ -87,7 +87,7 @@ def test_static_curriculum_mixes_tasks_with_prompts_in_the_text(workdir, mote_di
     # the batches mix tasks, and MoTE routes each row by the prefix in its text
     first = rows.select(range(8))["anchor"]
     assert len({text.split(": ")[0] for text in first}) == 2
-    from modeling.task_router import TaskRouter
+    from moe_embed.modeling.task_router import TaskRouter
 
     ids = model.tokenize(first)["input_ids"]
     tasks = model[0].auto_model.config.tasks
@@ -184,7 +184,7 @@ def test_config_values_are_typed_and_yaml_floats_without_a_dot_are_read(workdir,
 def test_help_lists_every_option_from_the_dataclass(capsys):
     from dataclasses import fields
 
-    from training.config import LossConfig
+    from moe_embed.training.config import LossConfig
 
     with pytest.raises(SystemExit):
         train_main(["--help"])
@@ -198,8 +198,8 @@ def test_help_lists_every_option_from_the_dataclass(capsys):
 DISTRIBUTED_RUN = """
 import json, os, sys
 from pathlib import Path
-from training.train import load_config, train
-from training.trainer import TaskAwareTrainer
+from moe_embed.training.train import load_config, train
+from moe_embed.training.trainer import TaskAwareTrainer
 
 record = Path(sys.argv[2])
 
@@ -241,7 +241,7 @@ def free_port() -> int:
 # Each launcher's arguments end with its port option; the test appends a free port.
 LAUNCHERS = {
     "torchrun": ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"],
-    # accelerate's multi-process launcher is torchrun's; on CPU, training.train picks the gloo backend
+    # accelerate's multi-process launcher is torchrun's; on CPU, moe_embed.training.train picks the gloo backend
     "accelerate": [
         "-m",
         "accelerate.commands.launch",
@@ -262,8 +262,8 @@ LAUNCHERS = {
 @pytest.fixture(scope="module")
 def single_process_losses(tmp_path_factory, mote_dir):
     """Per-step losses of one process on global batches of 4 (the 2-process runs use 2 per rank)."""
-    from training.train import train
-    from training.trainer import TaskAwareTrainer
+    from moe_embed.training.train import train
+    from moe_embed.training.trainer import TaskAwareTrainer
 
     workdir = tmp_path_factory.mktemp("single")
     _write_data(workdir)
@@ -326,7 +326,7 @@ def test_two_processes_match_one_process_on_the_same_global_batch(workdir, mote_
 
 AVERAGE_GRADIENTS = """
 import sys, torch, torch.distributed as dist
-from training.trainer import average_gradients
+from moe_embed.training.trainer import average_gradients
 
 rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)

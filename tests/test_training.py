@@ -9,7 +9,7 @@ from datasets import DatasetDict
 from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from sentence_transformers.losses import MultipleNegativesRankingLoss
 
-from training.sampler import TaskAwareBatchSampler
+from moe_embed.training.sampler import TaskAwareBatchSampler
 
 pytestmark = pytest.mark.slow  # every test here trains or runs a Hub upload in fresh processes
 
@@ -83,7 +83,7 @@ def test_trainer_updates_only_experts_of_seen_tasks(mote_dir, tmp_path, routing)
 
 
 def test_with_aux_loss_is_added_and_trains_the_router(moe_dir, tmp_path):
-    from training.losses import WithAuxLoss
+    from moe_embed.training.losses import WithAuxLoss
 
     model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
     auto = model[0].auto_model
@@ -122,7 +122,7 @@ def test_with_aux_loss_is_added_and_trains_the_router(moe_dir, tmp_path):
 
 
 def test_with_aux_loss_refuses_a_model_without_aux_loss(mote_dir):
-    from training.losses import WithAuxLoss
+    from moe_embed.training.losses import WithAuxLoss
 
     model = SentenceTransformer(mote_dir, trust_remote_code=True)
     loss = WithAuxLoss(MultipleNegativesRankingLoss(model))
@@ -134,7 +134,7 @@ def test_with_aux_loss_refuses_a_model_without_aux_loss(mote_dir):
 def test_with_aux_loss_around_matryoshka_adds_aux_once(moe_dir):
     from sentence_transformers.losses import MatryoshkaLoss
 
-    from training.losses import WithAuxLoss
+    from moe_embed.training.losses import WithAuxLoss
 
     model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
     dims = [model.get_embedding_dimension(), 16]
@@ -158,7 +158,7 @@ def test_with_aux_loss_around_matryoshka_adds_aux_once(moe_dir):
 
 def test_with_aux_loss_with_hard_negatives(moe_dir):
     """(anchor, positive, negative) columns: the loss may merge columns; the aux loss still arrives."""
-    from training.losses import WithAuxLoss
+    from moe_embed.training.losses import WithAuxLoss
 
     model = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
     model.eval()

@@ -10,12 +10,12 @@ import torch
 from conftest import FIXTURE_DATA, REPO, run_main
 from safetensors.torch import load_file
 
+from moe_embed.training.config import TrainingConfig, from_mapping
+from moe_embed.training.dev import BestOnDev
+from moe_embed.training.train import main as train_main
+from moe_embed.training.train import train
+from moe_embed.training.trainer import TaskAwareTrainer
 from moe_embed.usage import UsageError
-from training.config import TrainingConfig, from_mapping
-from training.dev import BestOnDev
-from training.train import main as train_main
-from training.train import train
-from training.trainer import TaskAwareTrainer
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +132,7 @@ def test_distillation_is_zero_when_the_model_is_its_teacher(dense_path):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 
-    from training.regularizers import L2ToStart, regularizer
+    from moe_embed.training.regularizers import L2ToStart, regularizer
 
     model = SentenceTransformer(dense_path, device="cpu").eval()  # no dropout: the student is deterministic
     distill = regularizer("distill", 1.0, model)(MultipleNegativesRankingLoss(model))

@@ -10,9 +10,9 @@ import torch
 from conftest import read_json, run_main, run_script
 from safetensors.torch import load_file
 
-from convert.checkpoint import map_state_dict
-from convert.instruction_baseline import save_dense_with_prompts
-from convert.upcycle import main as upcycle_main
+from moe_embed.convert.checkpoint import map_state_dict
+from moe_embed.convert.instruction_baseline import save_dense_with_prompts
+from moe_embed.convert.upcycle import main as upcycle_main
 from moe_embed.usage import UsageError
 
 
@@ -262,7 +262,7 @@ def test_roberta_checkpoint_upcycles_to_its_own_function(dense_path, tmp_path, c
     """A RoBERTa-family source (positions offset by padding_idx + 1, one token type) maps too."""
     from transformers import AutoTokenizer, RobertaConfig, RobertaModel
 
-    from modeling.modeling_mote import MoteBertModel
+    from moe_embed.modeling.modeling_mote import MoteBertModel
 
     source = tmp_path / "roberta"
     config = RobertaConfig(
@@ -303,7 +303,7 @@ def test_sharded_source_sharded_output_and_dtype(dense_path, dense_model, tokeni
     code, err = upcycle(capsys, "--base", str(source), "--output", str(out), "--max-shard-size", "150KB")
     assert code == 0, err
     assert (out / "model.safetensors.index.json").exists() and len(list(out.glob("model-*.safetensors"))) > 1
-    from modeling.modeling_mote import MoteBertModel
+    from moe_embed.modeling.modeling_mote import MoteBertModel
 
     mote = MoteBertModel.from_pretrained(out).eval()
     batch = tokenizer(["search_document: sharded weights"], return_tensors="pt")

@@ -3,7 +3,7 @@
 `TrainingConfig` is the one description of every option: `load_config` checks a YAML file
 against it (an unknown key is an error naming the closest valid one, a value of the wrong type is
 an error naming the expected type), and `describe_options` renders the option list that
-`python -m training.train --help` prints.
+`python -m moe_embed.training.train --help` prints.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-from modeling.defaults import COMOE
+from moe_embed.modeling.defaults import COMOE
+from moe_embed.training.tasks import TASK_TYPES, task_type
 from moe_embed.usage import UsageError
-from training.tasks import TASK_TYPES, task_type
 
 CURRICULA = ("task_aware", "static")
 ARCHES = ("mote", "moe", "comoe", "lora")
@@ -33,7 +33,8 @@ def _help(text: str, default=MISSING, **kwargs):
 
 @dataclass
 class DatasetSpec:
-    """One training set: a local file (`path`) or a Hub dataset (`hub`), in one of `training.datasets.FORMATS`."""
+    """One training set: a local file (`path`) or a Hub dataset (`hub`), in one of
+    `moe_embed.training.datasets.FORMATS`."""
 
     path: str | None = _help(
         "local file or folder: absolute, relative to the working directory, or starting with {data}/ for the data "
@@ -65,7 +66,7 @@ class DatasetSpec:
     sample_seed: int = _help("seed of that sample (fixed, so runs with other seeds train on the same rows)", 0)
 
     def __post_init__(self):
-        from training.datasets import FORMATS
+        from moe_embed.training.datasets import FORMATS
 
         if (self.path is None) == (self.hub is None):
             raise UsageError(f"a dataset needs exactly one of path or hub, got path={self.path!r}, hub={self.hub!r}")
@@ -157,7 +158,7 @@ class DevConfig:
     eval_steps: int = _help("score them before training and every N steps; the best step's weights are saved", 50)
 
     def __post_init__(self):
-        from evaluation.tasks import DEV_SETS
+        from moe_embed.evaluation.tasks import DEV_SETS
 
         unknown = [name for name in self.tasks if name not in DEV_SETS]
         if unknown or not self.tasks:

@@ -3,7 +3,7 @@
     moe-embed mine   pairs.jsonl --model MODEL --output triplets.jsonl [--margin 0.95]
     moe-embed filter pairs.jsonl --model MODEL --output kept.jsonl [--top-k 20] [--address auto]
 
-(`python -m training.data_tools mine|filter ...` is the same command.) Both embed through `moe-embed embed`
+(`python -m moe_embed.training.data_tools mine|filter ...` is the same command.) Both embed through `moe-embed embed`
 (`training/embed.py`: Ray Data, on this machine or a cluster with `--address`): the anchors with the model's
 `query` prompt, each distinct positive text once with its `document` (or `passage`) prompt, where the model
 defines them. The embeddings go to `--work-dir` (a temporary folder by default; a given one lets a stopped run
@@ -31,8 +31,8 @@ import numpy as np
 
 from moe_embed.files import atomic_write_text
 from moe_embed.folders import check_output
+from moe_embed.training.embed import BAD_ROWS_FILE, RAY_OPTIONS, add_ray_options
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
-from training.embed import BAD_ROWS_FILE, RAY_OPTIONS, add_ray_options
 
 TIE = 1e-6  # scores this close to a pair's own count as ties (faiss and numpy round differently)
 CHUNK = 4096  # anchors searched at a time
@@ -76,7 +76,7 @@ def embed_texts(texts: list[str], name: str, task: str | None, options, work: Pa
     shard at a time, in order. `options`: the `EmbedOptions` of the job (model, Ray settings)."""
     import pyarrow.parquet as pq
 
-    from training.embed import embed_corpus
+    from moe_embed.training.embed import embed_corpus
 
     corpus = work / f"{name}.jsonl"
     text = "".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(texts))
@@ -156,7 +156,7 @@ def mine_negatives(anchors, index, own: np.ndarray, excluded: list[set], margin:
 
 def run_search(command: str, rows: list[dict], args, options, work: Path) -> list[dict]:
     """Embed the pairs through `moe-embed embed`, then filter them or mine their negatives."""
-    from training.embedders import folder_prompts
+    from moe_embed.training.embedders import folder_prompts
 
     distinct = list(dict.fromkeys(r["positive"] for r in rows))  # each positive text embedded once
     column = {text: i for i, text in enumerate(distinct)}
@@ -205,8 +205,8 @@ def build_parser(command: str, prog: str | None = None):
 
 def run(command: str, argv: list[str] | None = None, prog: str | None = None) -> Path:
     """`moe-embed mine` / `moe-embed filter` with the arguments `argv`; returns the written file."""
-    from training.embed import EmbedOptions, require
-    from training.embedders import check_model
+    from moe_embed.training.embed import EmbedOptions, require
+    from moe_embed.training.embedders import check_model
 
     args = parse(build_parser(command, prog), argv)
     require("ray", "faiss")
@@ -247,7 +247,7 @@ def main_filter(argv: list[str] | None = None, prog: str | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> Path:
-    """`python -m training.data_tools mine|filter ...`."""
+    """`python -m moe_embed.training.data_tools mine|filter ...`."""
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> Path:
             "command", choices=list(COMMANDS), help=", or ".join(f"{k}: {v}" for k, v in COMMANDS.items())
         )
         parse(parser, argv[:1])  # prints the usage (or the help) and exits
-    return run(argv[0], argv[1:], f"{prog or 'python -m training.data_tools'} {argv[0]}")
+    return run(argv[0], argv[1:], f"{prog or 'python -m moe_embed.training.data_tools'} {argv[0]}")
 
 
 if __name__ == "__main__":

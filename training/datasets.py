@@ -2,7 +2,7 @@
 a Hub dataset (`hub`, read with `datasets.load_dataset` through `moe_embed.data.load`: from the data folder's
 copy when it has one, else the Hub and its cache), and has a `format`.
 
-- `pairs`: rows with `anchor`, `positive` and optionally `negative`: a JSONL file (as `training.data_tools`
+- `pairs`: rows with `anchor`, `positive` and optionally `negative`: a JSONL file (as `moe_embed.training.data_tools`
   writes), or a Hub split whose `columns` (default: its columns in order) are taken as those three.
 - `labelled`: a text and a label column (a classification or clustering train split: a TSV, or a Hub split);
   each sampled text is paired with another text of its label.
@@ -75,7 +75,7 @@ def beir_rows(path: Path, split: str) -> list[dict]:
 
 
 def hub_rows(spec, data_dir: str | None, rng: random.Random) -> list[dict]:
-    """The training rows of a Hub dataset `spec` (a `training.config.DatasetSpec` with `hub`), uncapped; `rng`
+    """The training rows of a Hub dataset `spec` (a `moe_embed.training.config.DatasetSpec` with `hub`), uncapped; `rng`
     pairs a labelled split's texts."""
     from moe_embed import data as D
 
@@ -154,7 +154,7 @@ def read_rows(spec, base: Path, data_dir: str | None = None) -> list[dict]:
 def load_rows(path: Path, format: str = "pairs", *, text: str = "text", label: str = "label", split: str = "train",
               max_rows: int | None = None, sample_seed: int = 0) -> list[dict]:  # fmt: skip
     """The training rows of one dataset (see the module docstring)."""
-    from training.data_tools import read_pairs
+    from moe_embed.training.data_tools import read_pairs
 
     rng = random.Random(sample_seed)
     if format == "pairs":

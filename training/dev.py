@@ -3,7 +3,7 @@
 `BestOnDev` scores the model on the `dev:` sets before training (step 0: the model it started from is a
 candidate too) and every `eval_steps` steps, keeps the weights that train of the best-scoring step in
 memory, puts them back when training ends and writes the history to `dev_scores.json` in the output
-folder. A dev set is a suite task on a split the suite does not report (`evaluation.tasks.DEV_SETS`), scored
+folder. A dev set is a suite task on a split the suite does not report (`moe_embed.evaluation.tasks.DEV_SETS`), scored
 by mteb as the suite scores it: a run selected this way has seen no test data.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from evaluation.tasks import DEV_SETS, get_task, load, score
 from moe_embed.data import data_dir as find_data_dir
+from moe_embed.evaluation.tasks import DEV_SETS, get_task, load, score
 from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)

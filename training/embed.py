@@ -17,8 +17,9 @@ readers (pyarrow, pandas, Ray Data, Spark) skip, so the folder reads as one Parq
 Run the same command again after a stop at any point: done shards are kept and the rest is embedded (a job
 with other settings in the same folder is refused unless `--overwrite`). A shard that raises is tried again,
 and a shard whose actor dies is run again on the restarted actor, `--max-retries` times each (2 by default);
-then the job stops in one line, keeping the shards written. At the end every shard
-is checked to hold every row it read, and every id to appear once; the job fails naming the ids that do not.
+then the job stops in one line, keeping the shards written (deaths are counted by the job itself, in
+`_attempts/` under the output, not by Ray's task retries). At the end every shard is checked to hold every row
+it read, and every id to appear once; the job fails naming the ids that do not.
 Rows without an id or with an empty text are not embedded: they are counted, listed in `_bad_rows.jsonl`, and
 the command exits 2 after finishing the rest. Texts longer than the model reads are embedded from their first
 tokens, as `encode` embeds them, and counted.
@@ -41,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from moe_embed.files import atomic_write
+from moe_embed.training.corpus import Corpus, Shard, plan_shards, read_shard
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
-from training.corpus import Corpus, Shard, plan_shards, read_shard
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +52,8 @@ JOB_FILE = "_embed_job.json"
 BAD_ROWS_FILE = "_bad_rows.jsonl"
 ACTORS_START_S = 900  # how long a job waits for every actor to hold the model before it hands out shards
 ID_CHECK_MIB = 256  # the final check's ids (as 8-byte hashes) held at a time; beyond, spilled to disk in buckets
-# Fault injection for the recovery tests: "exit:PATH" or "raise:PATH" makes the first shard that finds no file
-# at PATH create it and then die (the process exits) or raise, after embedding and before writing;
-# "slow-start:PATH" makes the first actor that finds no file at PATH create it and wait `SLOW_START_S` before it
-# loads the model (an actor on a busy node); "exit-shard:N" and "raise-shard:N" kill the worker of shard N, or
-# raise, every time it runs.
-FAULT_VARIABLE = "MOE_EMBED_FAULT"
-FAULT_STAGES = {"exit": "shard", "raise": "shard", "slow-start": "start", "exit-shard": "shard", "raise-shard": "shard"}
-SLOW_START_S = 15
+# how many times each shard of this run was started on an actor: one more than the actors that died on it
+ATTEMPTS_DIR = "_attempts"
 
 
 @dataclass
@@ -130,30 +125,6 @@ def summary_name(index: int) -> str:
     return f"_part-{index:06d}.json"
 
 
-def _inject_fault(stage: str = "shard", shard: int | None = None) -> None:
-    """The fault `FAULT_VARIABLE` names, if it strikes at `stage` (`FAULT_STAGES`: an actor's start, a shard)."""
-    spec = os.environ.get(FAULT_VARIABLE)
-    if not spec:
-        return
-    how, _, marker = spec.partition(":")
-    if FAULT_STAGES.get(how) != stage:
-        return
-    if how.endswith("-shard"):  # every time, on shard `marker` only
-        if shard != int(marker):
-            return
-    else:  # once: the first to create `marker`
-        try:
-            Path(marker).touch(exist_ok=False)
-        except FileExistsError:
-            return
-    if how == "slow-start":
-        time.sleep(SLOW_START_S)
-        return
-    if how.startswith("exit"):
-        os._exit(1)
-    raise RuntimeError(f"injected fault ({FAULT_VARIABLE}={spec})")
-
-
 def peak_rss_mib() -> float:
     """This process's peak resident memory so far: Linux's `VmHWM` (getrusage's `ru_maxrss` would carry over the
     parent's peak across fork and exec), else getrusage (which macOS reports in bytes)."""
@@ -167,12 +138,6 @@ def peak_rss_mib() -> float:
                 return int(line.split()[1]) / 1024
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024
-
-
-def fault_injection() -> dict:
-    """The actors' `runtime_env`: `FAULT_VARIABLE` from this process, when it is set."""
-    spec = os.environ.get(FAULT_VARIABLE)
-    return {"env_vars": {FAULT_VARIABLE: spec}} if spec else None
 
 
 def embed_shard(embedder, shard: Shard, options: EmbedOptions, output: Path, node: str | None = None) -> dict:
@@ -198,7 +163,6 @@ def embed_shard(embedder, shard: Shard, options: EmbedOptions, output: Path, nod
         vectors = embedder(kept, options.batch_size) if kept else np.zeros((0, embedder.dimension), np.float32)
         seconds = time.perf_counter() - started
         longer = longer.result()
-    _inject_fault(shard=shard.index)
     summary = {
         "shard": shard.to_dict(),
         "rows": len(ids),
@@ -225,7 +189,9 @@ def embed_shard(embedder, shard: Shard, options: EmbedOptions, output: Path, nod
 
 
 class ShardWorker:
-    """A Ray Data actor: loads the model once, then embeds the shards of each batch it is given."""
+    """A Ray Data actor: loads the model once, then embeds the shards of each batch it is given. A subclass may
+    stand in for it (`embed_corpus(options, worker=...)`): the tests' workers that die, raise or start late
+    override `__init__` or `embed`."""
 
     def __init__(self, model: str, options: dict, output: str, threads: int | None):
         if threads:
@@ -234,9 +200,8 @@ class ShardWorker:
             torch.set_num_threads(threads)
         import ray
 
-        from training.embedders import Embedder
+        from moe_embed.training.embedders import Embedder
 
-        _inject_fault("start")
         self.options, self.output = EmbedOptions(**options), Path(output)
         self.node = ray.get_runtime_context().get_node_id()
         self.embedder = Embedder(
@@ -248,14 +213,21 @@ class ShardWorker:
 
         return pd.DataFrame([self.embed_with_retries(Shard(**spec)) for spec in batch.to_dict("records")])
 
+    def embed(self, shard: Shard) -> dict:
+        """One try at one shard."""
+        return embed_shard(self.embedder, shard, self.options, self.output, self.node)
+
     def embed_with_retries(self, shard: Shard) -> dict:
-        """`embed_shard`, tried again (`--max-retries` times) when it raises: a shard is written whole or not at
-        all, so a second try is exact. An actor that dies is restarted by Ray and its shard run again, as many
-        times (`run_on_ray`)."""
+        """`embed`, tried again (`--max-retries` times) when it raises: a shard is written whole or not at all,
+        so a second try is exact. An actor that dies is restarted by Ray and its shard run again, as many times:
+        each start is counted in `ATTEMPTS_DIR`, and a shard started once more than that is refused here."""
         tries = self.options.max_retries + 1
+        starts = count_attempt(self.output, shard)
+        if starts > tries:  # every start after the first followed a death
+            raise RuntimeError(f"{DIED} {starts - 1} times running the same shard ({shard.index}): {DIED_WHY}")
         for attempt in range(1, tries + 1):
             try:
-                return embed_shard(self.embedder, shard, self.options, self.output, self.node)
+                return self.embed(shard)
             except Exception as error:
                 if attempt == tries:
                     raise RuntimeError(f"shard {shard.index} failed {tries} times: {error}") from error
@@ -285,26 +257,72 @@ def resources(options: EmbedOptions) -> tuple[int, float, float]:
 
 
 RESUME = "the shards written so far are kept: run the same command to resume, or raise --max-retries"
+DIED, DIED_WHY = "a worker died", "out of memory, or a crash"
 
 
-def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Path, bar) -> None:
-    """Run the shards `todo` through a pool of `ShardWorker` actors, advancing `bar` as shards finish."""
+def count_attempt(output: Path, shard: Shard) -> int:
+    """Record one more start of `shard` in this run and return how many there were (the file's length: one byte
+    per start, appended, so a count survives the actor that died)."""
+    path = output / ATTEMPTS_DIR / f"{shard.index:06d}"
+    path.parent.mkdir(exist_ok=True)
+    with path.open("ab") as file:
+        file.write(b".")
+    return path.stat().st_size
+
+
+def verbose() -> bool:
+    """Whether the command runs with `--verbose` (`moe_embed.usage.set_verbosity`: the root logger at INFO)."""
+    return logging.getLogger().getEffectiveLevel() <= logging.INFO
+
+
+def start_ray(address: str) -> None:
+    """`ray.init` as quiet as the command: without `--verbose`, Ray's notes on a run that works (its token
+    authentication, the core worker's note on actors that can restart) are not printed; Ray's errors, and this
+    job's own lines, are."""
     import ray
+
+    if verbose():
+        ray.init(address=address, include_dashboard=False, logging_level=logging.INFO, log_to_driver=True)
+        return
+    level = os.environ.get("RAY_BACKEND_LOG_LEVEL")
+    os.environ["RAY_BACKEND_LOG_LEVEL"] = level or "fatal"  # read by the processes `ray.init` starts
+    try:
+        ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    finally:
+        if level is None:
+            os.environ.pop("RAY_BACKEND_LOG_LEVEL")
+
+
+def quiet_ray_data() -> None:
+    """Ray Data's plan and timing notes, and its warning that this job draws its own progress bar, only with
+    `--verbose` (Ray Data sets its loggers up when it is imported, so this comes after)."""
+    import importlib
+
+    importlib.import_module("ray.data")  # which configures the loggers set here
+    if not verbose():
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
+
+
+def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Path, bar, worker=ShardWorker) -> None:
+    """Run the shards `todo` through a pool of `worker` actors, advancing `bar` as shards finish."""
+    import ray
+
+    shutil.rmtree(output / ATTEMPTS_DIR, ignore_errors=True)  # this run's starts are counted from zero
 
     started = not ray.is_initialized()
     if started:
         # no --address: a Ray of the job's own ("local"), never a Ray another process on this machine runs (which
         # `ray.init()` would join: a notebook's, another job's)
-        address = options.address or "local"
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-    logging.getLogger("ray.data").setLevel(logging.WARNING)  # its plan and timing notes; errors still show
+        start_ray(options.address or "local")
+    quiet_ray_data()
     try:
         actors, cpus, gpus = resources(options)
         logger.info("%d actors of %g CPUs and %g GPUs each, %d shards", actors, cpus, gpus, len(todo))
         threads = int(cpus) if cpus >= 1 and not gpus else None
         shards = ray.data.from_items([shard.to_dict() for shard in todo], override_num_blocks=len(todo))
         done = shards.map_batches(
-            ShardWorker,
+            worker,
             fn_constructor_kwargs={
                 "model": model,
                 "options": asdict(options),
@@ -316,9 +334,7 @@ def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Pat
             compute=ray.data.ActorPoolStrategy(size=actors),
             num_cpus=cpus,
             num_gpus=gpus,
-            runtime_env=fault_injection(),
-            max_task_retries=options.max_retries,  # Ray Data's default, forever, loops on a shard that kills
-        )
+        )  # Ray restarts a dead actor and runs its shard again, forever: `embed_with_retries` counts the starts
         context = done.context  # this job's own settings, not those of the caller's Ray Data
         context.enable_progress_bars = False  # this command draws its own, in rows
         # Hand out shards once every actor holds the model: otherwise the first actor up takes the shards the
@@ -327,15 +343,16 @@ def run_on_ray(model: str, todo: list[Shard], options: EmbedOptions, output: Pat
         try:
             for row in done.iter_rows():
                 bar.update(int(row["rows"]))
-        except ray.exceptions.RayActorError as error:  # died, or unreachable since it died
-            what = f"a worker died {options.max_retries + 1} times running the same shard (out of memory, or a crash)"
+        except ray.exceptions.RayActorError as error:  # unreachable since it died
+            what = f"{DIED} {options.max_retries + 1} times running the same shard ({DIED_WHY})"
             raise UsageError(f"{what}; {RESUME}") from error
         except ray.exceptions.RayTaskError as error:  # `embed_with_retries` gave up: its message crossed as text
-            failed = re.search(r"shard \d+ failed \d+ times: [^\n]*", str(error))
+            failed = re.search(rf"(shard \d+ failed \d+ times|{DIED} \d+ times)[^\n]*", str(error))
             if failed is None:
                 raise
             raise UsageError(f"{failed.group(0)}; {RESUME}") from error
     finally:
+        shutil.rmtree(output / ATTEMPTS_DIR, ignore_errors=True)
         if started:
             ray.shutdown()
 
@@ -457,14 +474,15 @@ def require(*modules: str) -> None:
         raise UsageError(f"{' and '.join(missing)} not installed: pip install 'moe-embed[ray]' (Ray Data and faiss)")
 
 
-def embed_corpus(options: EmbedOptions) -> EmbedReport:
-    """Embed the corpus `options` names into `options.output`, resuming a stopped run of the same job."""
+def embed_corpus(options: EmbedOptions, worker: type[ShardWorker] = ShardWorker) -> EmbedReport:
+    """Embed the corpus `options` names into `options.output`, resuming a stopped run of the same job. `worker`:
+    the Ray actor class that embeds shards (a test's stand-in that fails on purpose)."""
     from tqdm.auto import tqdm
 
     require("ray")
 
     from moe_embed.folders import check_output
-    from training.embedders import check_model
+    from moe_embed.training.embedders import check_model
 
     start = time.perf_counter()
     corpus = Corpus(options.input, options.id_column, options.text_column, options.split)
@@ -477,7 +495,7 @@ def embed_corpus(options: EmbedOptions) -> EmbedReport:
     total = sum(shard.rows for shard in shards)
     with tqdm(total=total, initial=total - sum(s.rows for s in todo), unit="rows", desc="embed") as bar:
         if todo:
-            run_on_ray(model, todo, options, output, bar)
+            run_on_ray(model, todo, options, output, bar, worker)
     embedded, bad, longer = verify(output, shards)
     atomic_write(output / BAD_ROWS_FILE, lambda p: Path(p).write_text("".join(json.dumps(r) + "\n" for r in bad)))
     return EmbedReport(
@@ -534,10 +552,12 @@ def build_parser(prog: str | None = None):
     return parser
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> EmbedReport:
+def main(
+    argv: list[str] | None = None, prog: str | None = None, worker: type[ShardWorker] = ShardWorker
+) -> EmbedReport:
     args = vars(parse(build_parser(prog), argv))
     args.pop("verbose")
-    report = embed_corpus(EmbedOptions(**args))
+    report = embed_corpus(EmbedOptions(**args), worker)
     rate = report.rows / report.seconds if report.seconds else float("nan")
     print(
         f"embedded {report.embedded} of {report.rows} rows into {report.shards} shards under {report.output} "

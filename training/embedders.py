@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modeling.defaults import prompt_key
+from moe_embed.modeling.defaults import prompt_key
 from moe_embed.usage import UsageError
 
 GRAPH = "onnx/model.onnx"
@@ -96,8 +96,8 @@ class Embedder:
     def _load_onnx(self, folder: Path, file: str) -> None:
         from tokenizers import Tokenizer
 
-        from convert.onnx_graph import session
-        from convert.openvino_int8 import OpenVinoSession
+        from moe_embed.convert.onnx_graph import session
+        from moe_embed.convert.openvino_int8 import OpenVinoSession
 
         self.session = OpenVinoSession(folder / file) if file.endswith(".xml") else session(folder / file)
         self.tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
@@ -110,7 +110,7 @@ class Embedder:
         if self.st is not None:
             kwargs = {"prompt_name": self.task} if self.task else {}
             return self.st.encode(texts, batch_size=batch_size, convert_to_numpy=True, **kwargs).astype(np.float32)
-        from convert.onnx_graph import embed
+        from moe_embed.convert.onnx_graph import embed
 
         order = np.argsort([-len(t) for t in texts], kind="stable")  # like lengths in a batch: less padding
         out = embed(self.session, self.tokenizer, [self.prompt + texts[i] for i in order], batch_size)

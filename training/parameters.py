@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from convert.layout import DENSE_ARCHITECTURES, mote_expert_key
-from modeling.comoe_layer import is_adapter_key
-from modeling.configuration_encoder import resolve_layer_indices
+from moe_embed.convert.layout import DENSE_ARCHITECTURES, mote_expert_key
+from moe_embed.modeling.comoe_layer import is_adapter_key
+from moe_embed.modeling.configuration_encoder import resolve_layer_indices
 
 
 def expert_parameter_names(transformer: nn.Module, expert_layers="every_other") -> set[str]:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from sentence_transformers.base.losses.merged_forward import column_merging_disabled
 from torch import nn
 
-from training.config import REGULARIZERS
+from moe_embed.training.config import REGULARIZERS
 
 
 class DistillFromStart(nn.Module):

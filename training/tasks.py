@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
+from moe_embed.modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
     moe-embed train --config examples/train_mote.yaml
     moe-embed train --config training/configs/example.yaml --data-dir ../shared/data
 
-(`python -m training.train ...` is the same command.) A config (see `examples/train_mote.yaml`; every option
+(`python -m moe_embed.training.train ...` is the same command.) A config (see `examples/train_mote.yaml`; every option
 is listed at the end of `--help`):
 
     model: models/mote-minilm
@@ -41,9 +41,16 @@ from pathlib import Path
 
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.folders import check_output, load_sentence_transformer
+from moe_embed.training.config import (
+    AdapterConfig,
+    DatasetSpec,
+    LossConfig,
+    TrainingConfig,
+    describe_options,
+    load_config,
+)
+from moe_embed.training.tasks import column_prompts, task_type
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
-from training.config import AdapterConfig, DatasetSpec, LossConfig, TrainingConfig, describe_options, load_config
-from training.tasks import column_prompts, task_type
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +62,7 @@ def read_pair_dataset(spec: DatasetSpec, base: Path, data_dir: str | None = None
     """One dataset of the config as a `datasets.Dataset` with anchor/positive[/negative] columns."""
     from datasets import Dataset
 
-    from training.datasets import read_rows
+    from moe_embed.training.datasets import read_rows
 
     rows = read_rows(spec, base, data_dir)
     columns = [c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c in rows[0]]
@@ -87,7 +94,7 @@ def make_loss(model, temperature: float, options: LossConfig, with_aux: bool):
     if options.matryoshka_dims:
         loss = losses.MatryoshkaLoss(model, loss, options.matryoshka_dims)
     if with_aux:
-        from training.losses import WithAuxLoss
+        from moe_embed.training.losses import WithAuxLoss
 
         loss = WithAuxLoss(loss)  # outside Matryoshka, so it is added once
     return loss
@@ -156,7 +163,7 @@ def upcycled_source(config: TrainingConfig, base: Path, scratch: Path) -> str:
     CoMoE options by name)."""
     from dataclasses import asdict
 
-    from convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
 
     options = asdict(config.adapter) if config.arch == "comoe" else dict(config.upcycle or {})
     if config.arch != "mote":  # MoTE's upcycling is deterministic: it has no seed
@@ -170,8 +177,8 @@ def lora_config(adapter: AdapterConfig, num_layers: int):
     """peft's `LoraConfig` for `adapter`: exactly the linears a CoMoE model with these options adapts."""
     from peft import LoraConfig
 
-    from modeling.configuration_comoe import resolve_target_modules
-    from modeling.configuration_encoder import resolve_layer_indices
+    from moe_embed.modeling.configuration_comoe import resolve_target_modules
+    from moe_embed.modeling.configuration_encoder import resolve_layer_indices
 
     try:
         targets = resolve_target_modules(adapter.target_modules)
@@ -202,7 +209,7 @@ def add_lora(model, adapter: AdapterConfig, seed: int) -> None:
 def select_trainable(config: TrainingConfig, model) -> set[str]:
     """The expert parameter names of the model (see `training/parameters.py`); with `trainable: experts`
     every other parameter is frozen. Empty when the model has no known experts and none are asked for."""
-    from training.parameters import expert_parameter_names, train_only
+    from moe_embed.training.parameters import expert_parameter_names, train_only
 
     transformer = model[0].auto_model
     expert_layers = (config.upcycle or {}).get("expert_layers", "every_other")
@@ -247,11 +254,11 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     from datasets import DatasetDict
     from sentence_transformers import SentenceTransformerTrainingArguments
 
-    from modeling.st_folder import write_portable_module_files
-    from training.dev import load_dev_sets
-    from training.regularizers import regularizer
-    from training.sampler import TaskAwareBatchSampler, data_parallel_world_size
-    from training.trainer import TaskAwareTrainer
+    from moe_embed.modeling.st_folder import write_portable_module_files
+    from moe_embed.training.dev import load_dev_sets
+    from moe_embed.training.regularizers import regularizer
+    from moe_embed.training.sampler import TaskAwareBatchSampler, data_parallel_world_size
+    from moe_embed.training.trainer import TaskAwareTrainer
 
     output_dir = (base / config.output_dir).resolve()
     source = model_source(config, base)
@@ -307,7 +314,7 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
     trainer_cls = trainer_cls or TaskAwareTrainer
     dev = None
     if config.dev:
-        from training.dev import BestOnDev
+        from moe_embed.training.dev import BestOnDev
 
         dev = BestOnDev(model, dev_sets, config.dev.eval_steps)
     trainer = trainer_cls(
@@ -325,7 +332,7 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
         model[0].model = model[0].model.merge_and_unload()
     if trainer.is_world_process_zero():  # under torchrun / accelerate launch, one process writes
         if config.save_adapter_only:
-            from convert.extract_adapter import write_adapter_folder
+            from moe_embed.convert.extract_adapter import write_adapter_folder
 
             model.save(str(scratch / "full"))
             write_adapter_folder(scratch / "full", Path(output_dir))
@@ -333,7 +340,7 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
             model.save(output_dir)
             write_portable_module_files(Path(output_dir))  # loadable by sentence-transformers 5.x too
         if dev:
-            from training.dev import write_history
+            from moe_embed.training.dev import write_history
 
             write_history(dev, Path(output_dir))
         print(f"saved the trained model to {output_dir}")

@@ -57,7 +57,7 @@ def main(out: Path) -> None:
     from conftest import save_trained_copy
     from sentence_transformers import SentenceTransformer
 
-    from modeling.st_folder import write_portable_module_files
+    from moe_embed.modeling.st_folder import write_portable_module_files
 
     out.mkdir(parents=True, exist_ok=True)
     base = str(REPO / "tests" / "data" / "tiny-minilm")
