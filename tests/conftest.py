@@ -36,6 +36,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The suite is a CPU suite: on a machine with a GPU, SentenceTransformer would move models there
 # while tests feed CPU tensors (subprocesses inherit this too).
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+# Under pytest-xdist (the full lane: two workers on two cores) each worker, and every process it starts, runs torch
+# on one thread: two workers whose OpenMP pools hold two threads each spin-wait against each other, and the lane is
+# CPU-bound (docs/development.md measures both). A thread count set by the caller is kept.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 # transformers copies remote code into HF_HOME/modules; keep that out of the user's home. Set at
 # import time because transformers reads it when first imported.
 _HF_HOME = tempfile.mkdtemp(prefix="moe-embed-hf-home-")
