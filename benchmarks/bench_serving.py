@@ -46,10 +46,10 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmarks.common import batch_of, cpu_description, dense_base, median_rates, prepare, timing_parser
-from moe_embed.convert.export_onnx import DEFAULT_MIN_COSINE
 from moe_embed.convert.onnx_graph import GRAPH_FILE
 from moe_embed.convert.onnx_int8 import INT8_FILE
 from moe_embed.convert.openvino_int8 import CALIBRATION_TEXTS, OPENVINO_INT8_FILE
+from moe_embed.convert.options import DEFAULT_MIN_COSINE
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.usage import parse, run_cli
 

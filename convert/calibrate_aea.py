@@ -18,10 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moe_embed.convert.options import ALLOCATIONS, DEFAULT_ALPHAS, CalibrateOptions
-from moe_embed.data import DATA_DIR_HELP
-from moe_embed.modeling.defaults import AEA_EMBEDDINGS, AEA_ROUNDINGS
-from moe_embed.usage import command_parser, parse, run_cli
+from moe_embed.convert.options import CalibrateOptions
+from moe_embed.usage import parse_options, run_cli
 
 
 def calibrate(options: CalibrateOptions) -> Path:
@@ -38,55 +36,8 @@ def calibrate(options: CalibrateOptions) -> Path:
     return run_calibration(options, folder, output, texts, dev)
 
 
-def build_parser(prog: str | None = None):
-    parser = command_parser(__doc__, prog)
-    parser.add_argument("model", help="a supported MoE model: local folder or Hub id")
-    parser.add_argument("--output", required=True, help="folder to write (refused if it exists, unless --overwrite)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output folder")
-    parser.add_argument("--calibration", help="text file, one text per line (default: the STS-B dev sentences)")
-    parser.add_argument(
-        "--allocation",
-        choices=ALLOCATIONS,
-        default="both",
-        help="both: layer- and token-wise (AEA); layer / token: one of them; none: the unmodified model with "
-        "the same prompt, pooling and exit layer (the baseline)",
-    )
-    parser.add_argument("--alpha", type=float, default=1.0, help="scaling α of (shift - s_l)^α (default 1)")
-    parser.add_argument(
-        "--shift", type=float, default=1.0, help="c in (c - s_l)^α: 1 is the paper's rule, 0.1 its Qwen variant"
-    )
-    parser.add_argument(
-        "--exit-layer",
-        type=int,
-        help="number of layers whose output is embedded, 1..L (default L-1 for decoders, L for encoders)",
-    )
-    parser.add_argument(
-        "--rounding",
-        choices=AEA_ROUNDINGS,
-        default="floor",
-        help="per-token counts: the paper's floor, or largest remainder (spends each layer's budget exactly)",
-    )
-    parser.add_argument(
-        "--embedding",
-        choices=AEA_EMBEDDINGS,
-        default="hidden",
-        help="hidden: the pooled hidden state; moee-concat / moee-sum: MoEE with the routing weights",
-    )
-    parser.add_argument("--prompt", help="template with [TEXT] (default PromptEOL for decoders, the text for encoders)")
-    parser.add_argument("--pooling", choices=("last", "mean"), help="default last for decoders, mean for encoders")
-    parser.add_argument("--search", action="store_true", help="choose --alpha and --exit-layer on the STS-B dev pairs")
-    parser.add_argument("--alphas", default=DEFAULT_ALPHAS, help=f"--search grid of α (default {DEFAULT_ALPHAS})")
-    parser.add_argument("--exit-layers", help="--search grid of exit layers (default the last four)")
-    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
-    parser.add_argument("--batch-size", type=int, default=64, help="texts per forward pass")
-    parser.add_argument("--max-length", type=int, default=256, help="truncate texts to this many tokens")
-    return parser
-
-
 def main(argv: list[str] | None = None, prog: str | None = None) -> Path:
-    args = vars(parse(build_parser(prog), argv))
-    args.pop("verbose")
-    return calibrate(CalibrateOptions(**args))
+    return calibrate(parse_options(CalibrateOptions, argv, __doc__, prog))
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moe_embed.convert.options import DEFAULT_MIN_COSINE, ExportOptions
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.convert.options import ExportOptions
+from moe_embed.usage import UsageError, parse_options, run_cli
 
 
 def export_onnx(options: ExportOptions) -> Path:
@@ -60,38 +60,9 @@ def export_onnx(options: ExportOptions) -> Path:
     return write_onnx_folder(opened.path, output, options)
 
 
-def build_parser(prog: str | None = None):
-    parser = command_parser(__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[1], prog)
-    parser.add_argument("model_dir", help="MoTE, token-routed MoE, CoMoE or dense (bert, roberta, xlm-roberta) folder")
-    parser.add_argument("--output", required=True, help="folder to write (onnx/model.onnx, tokenizer, configs, README)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument("--task", help="MoTE: export only this task's experts, as a plain graph")
-    parser.add_argument(
-        "--task-ids-input", action="store_true", help="MoTE: add a task_ids input (-1: the prompt decides)"
-    )
-    parser.add_argument(
-        "--quantize",
-        choices=["int8"],
-        help="also write onnx/model_qint8_avx512_vnni.onnx (onnxruntime) and, with the openvino extra, "
-        "openvino/openvino_model_qint8_quantized.xml (NNCF static int8)",
-    )
-    parser.add_argument(
-        "--int8-min-cosine",
-        type=float,
-        default=DEFAULT_MIN_COSINE,
-        help="refuse the int8 graph when a row's cosine to fp32 is below this (default: %(default)s)",
-    )
-    parser.add_argument("--opset", type=int, help="ONNX opset, 18..23 (default: the exporter's)")
-    parser.add_argument(
-        "--tolerance", type=float, default=1e-4, help="largest |onnxruntime - torch| accepted (default: 1e-4)"
-    )
-    return parser
-
-
 def main(argv: list[str] | None = None, prog: str | None = None) -> Path:
-    args = vars(parse(build_parser(prog), argv))
-    args.pop("verbose")
-    return export_onnx(ExportOptions(**args))
+    help_text = "\n\n".join(__doc__.split("\n\n")[:2])  # the usage lines, not the design notes below them
+    return export_onnx(parse_options(ExportOptions, argv, help_text, prog))
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ which must have the adapter's shapes (`base_model_name_or_path=FOLDER` in `from_
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.usage import UsageError, option, parse_options, run_cli
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
@@ -76,20 +77,22 @@ def extract_adapter(folder: str | Path, output: str | Path, base: str | None = N
     return output
 
 
-def build_parser(prog: str | None = None):
-    parser = command_parser(__doc__, prog)
-    parser.add_argument("model_dir", help="full CoMoE folder (comoe_bert), e.g. from upcycle or training")
-    parser.add_argument("--output", required=True, help="folder to write")
-    parser.add_argument(
-        "--base",
-        help="base model the adapter names: a Hub id or a local folder (default: the folder's base_model_name_or_path)",
+@dataclass
+class ExtractOptions:
+    """`moe-embed extract-adapter`'s options (its `--help` is generated from the fields)."""
+
+    model_dir: str = option(
+        required=True, positional=True, help="full CoMoE folder (comoe_bert), e.g. from upcycle or training"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    return parser
+    output: str = option(required=True, help="folder to write")
+    base: str | None = option(
+        help="base model the adapter names: a Hub id or a local folder (default: the folder's base_model_name_or_path)"
+    )
+    overwrite: bool = option(False, help="replace --output if it exists")
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> Path:
-    args = parse(build_parser(prog), argv)
+    args = parse_options(ExtractOptions, argv, __doc__, prog)
     return extract_adapter(args.model_dir, args.output, args.base, args.overwrite)
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moe_embed.convert.options import DTYPES, MergeOptions
-from moe_embed.usage import UsageError, command_parser, parse, run_cli, shard_size
+from moe_embed.convert.options import MergeOptions
+from moe_embed.usage import UsageError, parse_options, run_cli
 
 
 def merge(options: MergeOptions) -> Path:
@@ -38,33 +38,8 @@ def merge(options: MergeOptions) -> Path:
     return write_merged(folder, output, options)
 
 
-def build_parser(prog: str | None = None):
-    parser = command_parser(__doc__, prog)
-    parser.add_argument("model_dir", help="MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder")
-    parser.add_argument("--output", required=True, help="folder to write")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument("--task", help="MoTE: export this task's experts (only its prompts are kept)")
-    parser.add_argument(
-        "--experts",
-        help="average only these experts: MoTE task names (e.g. clustering,document) or MoE indices (e.g. 0,3)",
-    )
-    parser.add_argument("--weights", help="comma-separated weights of the averaged experts (normalised)")
-    parser.add_argument(
-        "--calibration",
-        help="MoE / CoMoE: text file, one text per line; weight each layer's experts by their router usage on it",
-    )
-    parser.add_argument("--dtype", choices=DTYPES, help="dtype of the saved weights (default: that of the input)")
-    parser.add_argument(
-        "--max-shard-size", default="2GB", type=shard_size, help="safetensors shard size above which weights are split"
-    )
-    parser.add_argument("--repo-id", help="Hub id shown in the model card's usage snippets")
-    return parser
-
-
 def main(argv: list[str] | None = None, prog: str | None = None) -> Path:
-    args = vars(parse(build_parser(prog), argv))
-    args.pop("verbose")
-    return merge(MergeOptions(**args))
+    return merge(parse_options(MergeOptions, argv, __doc__, prog))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ bad arguments answer before torch is imported.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from moe_embed.convert.task_prefixes import parse_task_prefixes
+from moe_embed.data import DATA_DIR_HELP
 from moe_embed.modeling.defaults import AEA_EMBEDDINGS, AEA_ROUNDINGS, COMOE, DEFAULT_TASK, DEFAULT_TASK_PREFIXES, MOE
-from moe_embed.usage import UsageError
+from moe_embed.usage import UsageError, option, shard_size
 
 ARCHES = ("mote", "moe", "comoe")
 DEFAULT_OUTPUTS = {"mote": "models/mote-minilm", "moe": "models/moe-minilm", "comoe": "models/comoe-minilm"}
@@ -28,55 +29,118 @@ SHARED_DEFAULTS = {
 }
 
 
-def _arch(*arches: str, **kwargs):
-    """A field that applies to `arches` only (another --arch refuses it when it differs from its default)."""
-    metadata = {"arches": arches}
-    if "default_factory" in kwargs:
-        return field(default_factory=kwargs["default_factory"], metadata=metadata)
-    return field(default=kwargs.get("default"), metadata=metadata)
+def _arch(*arches: str, default=None, **kwargs):
+    """An option that applies to `arches` only (another --arch refuses it when it differs from its default), shown
+    in their group of `--help`."""
+    return option(default, arches=arches, group=" and ".join(arches), **kwargs)
+
+
+def _shared_help(text: str, name: str) -> str:
+    return f"{text} (default: {', '.join(f'{value} for {arch}' for arch, value in SHARED_DEFAULTS[name].items())})"
 
 
 @dataclass
 class UpcycleOptions:
-    """What `upcycle` writes: the command line's options, by their Python names (`moe-embed upcycle --help`
-    says what each does). Checked on construction: a bad value, or an option of another `arch` changed from
-    its default, is a `UsageError`."""
+    """What `upcycle` writes: the command line's options by their Python names; `--help` is generated from the
+    fields (`moe_embed.usage.options_parser`). Checked on construction: a bad value, or an option of another
+    `arch` changed from its default, is a `UsageError`."""
 
-    output: str | Path | None = None  # default: DEFAULT_OUTPUTS[arch]
-    arch: str = "mote"
-    base: str | None = None  # a local folder or Hub id; None: the bundled all-MiniLM-L6-v2
-    overwrite: bool = False
-    tasks: list[str] | dict[str, str] = field(default_factory=lambda: dict(DEFAULT_TASK_PREFIXES))
-    # mote
-    expert_layers: str | list[int] = _arch("mote", default="every_other")
-    default_task: str | None = _arch("mote", default=None)
-    prefix_routes_only: bool = _arch("mote", default=False)
-    strict_routing: bool = _arch("mote", default=False)
-    # moe and comoe
-    num_experts: int | None = _arch("moe", "comoe", default=None)
-    experts_per_token: int | None = _arch("moe", "comoe", default=None)
-    router_aux_loss_coef: float | None = _arch("moe", "comoe", default=None)
-    seed: int = _arch("moe", "comoe", default=0)
-    # moe
-    moe_layers: str | list[int] = _arch("moe", default=MOE.moe_layers)
-    norm_topk_prob: bool = _arch("moe", default=False)
-    router_init: str = _arch("moe", default="normal")
-    expert_noise: float = _arch("moe", default=0.0)
-    router_z_loss_coef: float = _arch("moe", default=MOE.router_z_loss_coef)
-    router_jitter_noise: float = _arch("moe", default=MOE.router_jitter_noise)
-    # comoe
-    rank: int = _arch("comoe", default=COMOE.lora_rank)
-    lora_alpha: float = _arch("comoe", default=COMOE.lora_alpha)
-    lora_dropout: float = _arch("comoe", default=COMOE.lora_dropout)
-    target_modules: str | list[str] = _arch("comoe", default=COMOE.target_modules)
-    layers: str | list[int] = _arch("comoe", default=COMOE.adapter_layers)
-    contrastive_loss_coef: float = _arch("comoe", default=COMOE.contrastive_loss_coef)
-    contrastive_tau: float = _arch("comoe", default=COMOE.contrastive_tau)
-    # the written folder
-    dtype: str = "float32"
-    max_shard_size: str = "2GB"
-    repo_id: str | None = None
-    no_verify: bool = False
+    arch: str = option(
+        "mote",
+        choices=ARCHES,
+        help="mote: one expert per task, routed per sequence by the instruction; "
+        "moe: token-routed top-k experts (Nomic Embed v2); "
+        "comoe: top-k routed LoRA experts on a frozen encoder (CoMoE-PEFT)",
+    )
+    base: str | None = option(
+        help="local folder or Hub id of the dense checkpoint (default: the bundled all-MiniLM-L6-v2)"
+    )
+    output: str | Path | None = option(
+        help=f"folder to write (default: {', '.join(f'{v} for {k}' for k, v in DEFAULT_OUTPUTS.items())})"
+    )
+    overwrite: bool = option(False, help="replace --output if it exists")
+    tasks: list[str] | dict[str, str] = option(
+        default_factory=lambda: dict(DEFAULT_TASK_PREFIXES),
+        nargs="+",
+        metavar="NAME=PREFIX",
+        help="tasks, each NAME=PREFIX (or a known NAME alone): MoTE's experts in order; "
+        "for every architecture the Sentence-Transformers prompts",
+    )
+    expert_layers: str | list[int] = _arch(
+        "mote",
+        default="every_other",
+        help="layers that get task experts: all, every_other (1,3,5,...) or comma-separated indices",
+    )
+    default_task: str | None = _arch(
+        "mote",
+        help=f"task of inputs that name none and carry no prefix, so that a plain encode(texts) works "
+        f"(default: {DEFAULT_TASK} where it is a task, the MoTE paper's expert for STS)",
+    )
+    prefix_routes_only: bool = _arch(
+        "mote",
+        default=False,
+        help="the task prefix (a prompt, or at the start of a text) only picks the expert: the encoder reads the "
+        "text without it, so the untrained model embeds plain text as the dense model does; without it the "
+        "prefix is also read, the paper's choice",
+    )
+    strict_routing: bool = _arch(
+        "mote", default=False, help="no default task: inputs that name no task and carry no prefix are an error"
+    )
+    num_experts: int | None = _arch(
+        "moe", "comoe", help=_shared_help("experts per MoE layer / per CoMoE linear", "num_experts")
+    )
+    experts_per_token: int | None = _arch(
+        "moe", "comoe", help=_shared_help("experts each token is routed to, top-k", "experts_per_token")
+    )
+    router_aux_loss_coef: float | None = _arch(
+        "moe", "comoe", help=_shared_help("load-balancing loss weight", "router_aux_loss_coef")
+    )
+    seed: int = _arch("moe", "comoe", default=0, help="seed of the router and LoRA init and expert noise")
+    moe_layers: str | list[int] = _arch(
+        "moe",
+        default=MOE.moe_layers,
+        help="layers whose FFN becomes an MoE block: every_other (1,3,5,...), all, or indices",
+    )
+    norm_topk_prob: bool = _arch(
+        "moe",
+        default=False,
+        help="renormalise the top-k router weights to sum to 1 (then the upcycled model equals the dense one)",
+    )
+    router_init: str = _arch(
+        "moe",
+        default="normal",
+        choices=("normal", "zeros"),
+        help="router weights: normal(0, initializer_range) or zeros (uniform routing)",
+    )
+    expert_noise: float = _arch(
+        "moe", default=0.0, help="std of Gaussian noise added to each expert's weights to break symmetry"
+    )
+    router_z_loss_coef: float = _arch("moe", default=MOE.router_z_loss_coef, help="router z-loss weight")
+    router_jitter_noise: float = _arch("moe", default=MOE.router_jitter_noise, help="router input jitter in training")
+    rank: int = _arch("comoe", default=COMOE.lora_rank, help="LoRA rank r of every expert")
+    lora_alpha: float = _arch("comoe", default=COMOE.lora_alpha, help="LoRA alpha (experts are scaled by alpha / r)")
+    lora_dropout: float = _arch("comoe", default=COMOE.lora_dropout, help="dropout on the experts' input in training")
+    target_modules: str | list[str] = _arch(
+        "comoe",
+        default=COMOE.target_modules,
+        help="linears that get experts, matched as peft's target_modules "
+        "(query, key, value, attention.output.dense, intermediate.dense, output.dense)",
+    )
+    layers: str | list[int] = _arch(
+        "comoe",
+        default=COMOE.adapter_layers,
+        help="layers whose target linears get experts: all, every_other or indices",
+    )
+    contrastive_loss_coef: float = _arch(
+        "comoe", default=COMOE.contrastive_loss_coef, help="weight λ of the contrastive expert loss (0: MoE-LoRA)"
+    )
+    contrastive_tau: float = _arch(
+        "comoe", default=COMOE.contrastive_tau, help="temperature of the contrastive expert loss"
+    )
+    dtype: str = option("float32", choices=DTYPES, help="dtype of the saved weights")
+    max_shard_size: str = option("2GB", type=shard_size, help="safetensors shard size above which weights are split")
+    repo_id: str | None = option(help="Hub id shown in the model card's usage snippets")
+    no_verify: bool = option(False, help="skip the check that the upcycled model reproduces the dense model")
 
     def __post_init__(self):
         if self.arch not in ARCHES:
@@ -130,16 +194,24 @@ class UpcycleOptions:
 class MergeOptions:
     """What `merge` writes: the command line's options by their Python names (`moe-embed merge --help`)."""
 
-    model_dir: str | Path
-    output: str | Path
-    overwrite: bool = False
-    task: str | None = None  # MoTE: one task's experts, unchanged
-    experts: str | list[str] | None = None  # MoTE task names or MoE expert indices to average
-    weights: str | list[float] | None = None  # one per averaged expert, normalised
-    calibration: str | Path | None = None  # MoE / CoMoE: texts, one per line, to weight experts by routing
-    dtype: str | None = None  # default: that of the input
-    max_shard_size: str = "2GB"
-    repo_id: str | None = None
+    model_dir: str | Path = option(
+        required=True,
+        positional=True,
+        help="MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder",
+    )
+    output: str | Path = option(required=True, help="folder to write")
+    overwrite: bool = option(False, help="replace --output if it exists")
+    task: str | None = option(help="MoTE: export this task's experts (only its prompts are kept)")
+    experts: str | list[str] | None = option(
+        help="average only these experts: MoTE task names (e.g. clustering,document) or MoE indices (e.g. 0,3)"
+    )
+    weights: str | list[float] | None = option(help="comma-separated weights of the averaged experts (normalised)")
+    calibration: str | Path | None = option(
+        help="MoE / CoMoE: text file, one text per line; weight each layer's experts by their router usage on it"
+    )
+    dtype: str | None = option(choices=DTYPES, help="dtype of the saved weights (default: that of the input)")
+    max_shard_size: str = option("2GB", type=shard_size, help="safetensors shard size above which weights are split")
+    repo_id: str | None = option(help="Hub id shown in the model card's usage snippets")
 
     def __post_init__(self):
         if self.task and self.experts:
@@ -172,15 +244,26 @@ class ExportOptions:
     """What `export_onnx` writes: the command line's options by their Python names (`moe-embed export
     --help`). Checked on construction, before any model is loaded."""
 
-    model_dir: str | Path
-    output: str | Path
-    overwrite: bool = False
-    task: str | None = None  # MoTE: only this task's experts, as a plain graph
-    task_ids_input: bool = False  # MoTE: a `task_ids` input besides the prompt
-    quantize: str | None = None  # "int8": also the int8 graph
-    int8_min_cosine: float = DEFAULT_MIN_COSINE
-    opset: int | None = None
-    tolerance: float = 1e-4
+    model_dir: str | Path = option(
+        required=True,
+        positional=True,
+        help="MoTE, token-routed MoE, CoMoE or dense (bert, roberta, xlm-roberta) folder",
+    )
+    output: str | Path = option(required=True, help="folder to write (onnx/model.onnx, tokenizer, configs, README)")
+    overwrite: bool = option(False, help="replace --output if it exists")
+    task: str | None = option(help="MoTE: export only this task's experts, as a plain graph")
+    task_ids_input: bool = option(False, help="MoTE: add a task_ids input (-1: the prompt decides)")
+    quantize: str | None = option(
+        choices=["int8"],
+        help="also write onnx/model_qint8_avx512_vnni.onnx (onnxruntime) and, with the openvino extra, "
+        "openvino/openvino_model_qint8_quantized.xml (NNCF static int8)",
+    )
+    int8_min_cosine: float = option(
+        DEFAULT_MIN_COSINE,
+        help="refuse the int8 graph when a row's cosine to fp32 is below this (default: %(default)s)",
+    )
+    opset: int | None = option(help="ONNX opset, 18..23 (default: the exporter's)")
+    tolerance: float = option(1e-4, help="largest |onnxruntime - torch| accepted (default: 1e-4)")
 
     def __post_init__(self):
         if self.quantize not in (None, "int8"):
@@ -213,24 +296,39 @@ class CalibrateOptions:
     """What `calibrate` writes: the command line's options by their Python names (`moe-embed calibrate-aea
     --help`). Checked on construction, before any model is loaded."""
 
-    model: str
-    output: str | Path
-    overwrite: bool = False
-    calibration: str | Path | None = None  # texts, one per line; default: the STS-B dev sentences
-    allocation: str = "both"
-    alpha: float = 1.0
-    shift: float = 1.0
-    exit_layer: int | None = None
-    rounding: str = "floor"
-    embedding: str = "hidden"
-    prompt: str | None = None  # a template with [TEXT]
-    pooling: str | None = None
-    search: bool = False
-    alphas: str | list[float] = DEFAULT_ALPHAS
-    exit_layers: str | list[int] | None = None
-    data_dir: str | None = None
-    batch_size: int = 64
-    max_length: int = 256
+    model: str = option(required=True, positional=True, help="a supported MoE model: local folder or Hub id")
+    output: str | Path = option(required=True, help="folder to write (refused if it exists, unless --overwrite)")
+    overwrite: bool = option(False, help="replace an existing --output folder")
+    calibration: str | Path | None = option(help="text file, one text per line (default: the STS-B dev sentences)")
+    allocation: str = option(
+        "both",
+        choices=ALLOCATIONS,
+        help="both: layer- and token-wise (AEA); layer / token: one of them; none: the unmodified model with "
+        "the same prompt, pooling and exit layer (the baseline)",
+    )
+    alpha: float = option(1.0, help="scaling α of (shift - s_l)^α (default 1)")
+    shift: float = option(1.0, help="c in (c - s_l)^α: 1 is the paper's rule, 0.1 its Qwen variant")
+    exit_layer: int | None = option(
+        help="number of layers whose output is embedded, 1..L (default L-1 for decoders, L for encoders)"
+    )
+    rounding: str = option(
+        "floor",
+        choices=AEA_ROUNDINGS,
+        help="per-token counts: the paper's floor, or largest remainder (spends each layer's budget exactly)",
+    )
+    embedding: str = option(
+        "hidden",
+        choices=AEA_EMBEDDINGS,
+        help="hidden: the pooled hidden state; moee-concat / moee-sum: MoEE with the routing weights",
+    )
+    prompt: str | None = option(help="template with [TEXT] (default PromptEOL for decoders, the text for encoders)")
+    pooling: str | None = option(choices=("last", "mean"), help="default last for decoders, mean for encoders")
+    search: bool = option(False, help="choose --alpha and --exit-layer on the STS-B dev pairs")
+    alphas: str | list[float] = option(DEFAULT_ALPHAS, help=f"--search grid of α (default {DEFAULT_ALPHAS})")
+    exit_layers: str | list[int] | None = option(help="--search grid of exit layers (default the last four)")
+    data_dir: str | None = option(help=DATA_DIR_HELP)
+    batch_size: int = option(64, help="texts per forward pass")
+    max_length: int = option(256, help="truncate texts to this many tokens")
 
     def __post_init__(self):
         if self.allocation not in ALLOCATIONS:

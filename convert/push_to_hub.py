@@ -28,7 +28,7 @@ from pathlib import Path
 from moe_embed.files import read_json
 from moe_embed.folders import PICKLE_SUFFIXES, open_model_folder
 from moe_embed.modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.usage import UsageError, option, parse_options, run_cli
 
 logger = logging.getLogger(__name__)
 
@@ -159,13 +159,19 @@ def read_results(path) -> dict:
 class PushOptions:
     """What `push` publishes: the command line's options by their Python names (`moe-embed push --help`)."""
 
-    model_dir: str | Path
-    repo_id: str
-    private: bool = False
-    revision: str | None = None  # branch to commit to (created if missing); default main
-    commit_message: str = "Upload model with moe-embed"
-    base_model_id: str | None = None  # adapter-only folders: the Hub id of the base the upload names
-    results: str | Path | None = None  # `moe-embed evaluate --output` JSON: its scores go into the card
+    model_dir: str | Path = option(
+        required=True, positional=True, help="model folder written by this package's converters or training"
+    )
+    repo_id: str = option(required=True, help="target repository, OWNER/NAME")
+    private: bool = option(False, help="create the repository as private")
+    revision: str | None = option(help="branch to commit to (created if missing; default: main)")
+    commit_message: str = option("Upload model with moe-embed", help="commit message")
+    base_model_id: str | None = option(
+        help="adapter-only folders: the Hub id of the base model, named in the uploaded adapter_config.json"
+    )
+    results: str | Path | None = option(
+        help="scores of `moe-embed evaluate --output FILE` to publish in the card's model-index (as mteb writes them)"
+    )
 
     def __post_init__(self):
         if self.repo_id.count("/") != 1 or not all(self.repo_id.split("/")):
@@ -207,28 +213,8 @@ def push(options: PushOptions) -> str:
     return commit.commit_url
 
 
-def build_parser(prog: str | None = None):
-    parser = command_parser(__doc__, prog)
-    parser.add_argument("model_dir", help="model folder written by this package's converters or training")
-    parser.add_argument("--repo-id", required=True, help="target repository, OWNER/NAME")
-    parser.add_argument("--private", action="store_true", help="create the repository as private")
-    parser.add_argument("--revision", help="branch to commit to (created if missing; default: main)")
-    parser.add_argument("--commit-message", default="Upload model with moe-embed", help="commit message")
-    parser.add_argument(
-        "--base-model-id",
-        help="adapter-only folders: the Hub id of the base model, named in the uploaded adapter_config.json",
-    )
-    parser.add_argument(
-        "--results",
-        help="scores of `moe-embed evaluate --output FILE` to publish in the card's model-index (as mteb writes them)",
-    )
-    return parser
-
-
 def main(argv: list[str] | None = None, prog: str | None = None) -> str:
-    args = vars(parse(build_parser(prog), argv))
-    args.pop("verbose")
-    return push(PushOptions(**args))
+    return push(parse_options(PushOptions, argv, __doc__, prog))
 
 
 if __name__ == "__main__":

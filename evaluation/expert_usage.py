@@ -31,7 +31,7 @@ from moe_embed.data import DATA_DIR_HELP
 from moe_embed.evaluation.run import load_tasks, select_tasks
 from moe_embed.folders import load_sentence_transformer
 from moe_embed.readers import corpus_texts
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.usage import UsageError, option, parse_options, run_cli
 
 ROUTED_MODEL_TYPES = ("comoe_bert", "moe_bert")
 
@@ -232,19 +232,26 @@ def plot(usage: dict[str, list[dict]], path: Path, title: str) -> None:
     plt.close(figure)
 
 
+@dataclass
+class ExpertUsageOptions:
+    """`moe-embed expert-usage`'s options (its `--help` is generated from the fields)."""
+
+    model: str = option(required=True, positional=True, help="CoMoE-PEFT or token-routed MoE folder (or Hub id)")
+    tasks: str = option("all", help="comma-separated moe_embed.evaluation.run task names, or 'all'")
+    max_texts: int = option(256, help="texts per task (default 256)")
+    seed: int = option(0, help="seed of the text draw (default 0)")
+    batch_size: int = option(32, help="texts per forward pass (default: %(default)s)")
+    data_dir: str | None = option(help=DATA_DIR_HELP)
+    output: str | None = option(help="JSON file for the numbers")
+    plot: str | None = option(help="image file for the figure (needs matplotlib)")
+
+    def __post_init__(self):
+        if self.max_texts < 1 or self.batch_size < 1:
+            raise UsageError("--max-texts and --batch-size must be positive integers")
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
-    parser = command_parser(__doc__, prog)
-    parser.add_argument("model", help="CoMoE-PEFT or token-routed MoE folder (or Hub id)")
-    parser.add_argument("--tasks", default="all", help="comma-separated moe_embed.evaluation.run task names, or 'all'")
-    parser.add_argument("--max-texts", type=int, default=256, help="texts per task (default 256)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the text draw (default 0)")
-    parser.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default: %(default)s)")
-    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
-    parser.add_argument("--output", default=None, help="JSON file for the numbers")
-    parser.add_argument("--plot", default=None, help="image file for the figure (needs matplotlib)")
-    args = parse(parser, argv)
-    if args.max_texts < 1 or args.batch_size < 1:
-        parser.error("--max-texts and --batch-size must be positive integers")
+    args = parse_options(ExpertUsageOptions, argv, __doc__, prog)
     names = select_tasks(args.tasks)
     if args.plot:
         try:

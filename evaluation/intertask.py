@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from moe_embed.data import DATA_DIR_HELP
 from moe_embed.folders import load_sentence_transformer
 from moe_embed.modeling.defaults import prompt_key
 from moe_embed.readers import corpus_texts
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.usage import UsageError, option, parse_options, run_cli
 
 TASKS = ("query", "document", "classification", "clustering")
 LABELS = {
@@ -130,19 +131,27 @@ def default_texts(data_dir: str | None, count: int, seed: int) -> list[str]:
     return random.Random(seed).sample(documents, min(count, len(documents)))
 
 
-def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict]:
-    parser = command_parser(__doc__, prog)
-    parser.add_argument(
-        "models", nargs=2, help="two model folders or Hub ids; the test asks whether the first is lower"
+@dataclass
+class IntertaskOptions:
+    """`moe-embed intertask`'s options (its `--help` is generated from the fields)."""
+
+    models: list[str] = option(
+        required=True,
+        positional=True,
+        nargs=2,
+        help="two model folders or Hub ids; the test asks whether the first is lower",
     )
-    parser.add_argument("--names", default=None, help="comma-separated display names of the two models")
-    parser.add_argument("--output-dir", required=True, help="folder for intertask.json and intertask.png")
-    parser.add_argument("--texts", default=None, help="file with one text per line (default: SciFact documents)")
-    parser.add_argument("--count", type=int, default=128, help="number of default texts (default 128)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the default texts' draw (default 0)")
-    parser.add_argument("--data-dir", default=None, help=DATA_DIR_HELP)
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow the models' own code (MoTE)")
-    args = parse(parser, argv)
+    output_dir: str = option(required=True, help="folder for intertask.json and intertask.png")
+    names: str | None = option(help="comma-separated display names of the two models")
+    texts: str | None = option(help="file with one text per line (default: SciFact documents)")
+    count: int = option(128, help="number of default texts (default 128)")
+    seed: int = option(0, help="seed of the default texts' draw (default 0)")
+    data_dir: str | None = option(help=DATA_DIR_HELP)
+    trust_remote_code: bool = option(False, help="allow the models' own code (MoTE)")
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict]:
+    args = parse_options(IntertaskOptions, argv, __doc__, prog)
     names = args.names.split(",") if args.names else [Path(m).name or m for m in args.models]
     if len(names) != 2 or len(set(names)) != 2:
         raise UsageError(f"--names takes two different comma-separated names, got {args.names!r}")

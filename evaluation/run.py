@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.evaluation.tasks import SUITE
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.usage import UsageError, option, parse_options, run_cli
 
 logger = logging.getLogger(__name__)
 
@@ -66,25 +67,24 @@ def evaluate(model, task, batch_size: int = 64) -> dict:
     }
 
 
-def build_parser(prog: str | None = None):
-    parser = command_parser(__doc__, prog)
-    parser.add_argument("model", help="model folder or Hub id (loaded with SentenceTransformer)")
-    parser.add_argument("--tasks", default="all", help=f"comma-separated task names or 'all': {', '.join(TASKS)}")
-    parser.add_argument("--output", help="JSON file to write the scores to (written again after every task)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument("--data-dir", help=DATA_DIR_HELP)
-    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
-    parser.add_argument(
-        "--trust-remote-code", action="store_true", help="allow the model folder's own code (MoTE, MoE, CoMoE, AEA)"
-    )
-    return parser
+@dataclass
+class EvaluateOptions:
+    """`moe-embed evaluate`'s options (its `--help` is generated from the fields)."""
+
+    model: str = option(required=True, positional=True, help="model folder or Hub id (loaded with SentenceTransformer)")
+    tasks: str = option("all", help=f"comma-separated task names or 'all': {', '.join(TASKS)}")
+    output: str | None = option(help="JSON file to write the scores to (written again after every task)")
+    overwrite: bool = option(False, help="replace --output if it exists")
+    data_dir: str | None = option(help=DATA_DIR_HELP)
+    batch_size: int = option(64, help="encoding batch size")
+    trust_remote_code: bool = option(False, help="allow the model folder's own code (MoTE, MoE, CoMoE, AEA)")
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> dict:
     from moe_embed.files import atomic_write_text
     from moe_embed.folders import check_output, load_sentence_transformer, open_model_folder
 
-    args = parse(build_parser(prog), argv)
+    args = parse_options(EvaluateOptions, argv, __doc__, prog)
     names = select_tasks(args.tasks)
     # every input checked before the long steps: the model folder, the output, the data of every task
     folder = open_model_folder(args.model, trust_remote_code=args.trust_remote_code)

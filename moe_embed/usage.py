@@ -18,6 +18,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import MISSING, Field, field, fields
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -39,6 +40,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         default = action.default
         if "default" in text or default in (None, False, argparse.SUPPRESS) or not action.option_strings:
             return text
+        if isinstance(default, dict):  # NAME=VALUE pairs, as they are typed
+            default = [f"{key}={value}" for key, value in default.items()]
         return f"{text} (default: {' '.join(map(str, default)) if isinstance(default, list) else default})"
 
 
@@ -56,6 +59,78 @@ def command_parser(description: str | None, prog: str | None = None, **kwargs) -
         "-v", "--verbose", action="store_true", help="also show the libraries' informational logs and progress bars"
     )
     return parser
+
+
+def option(default=None, *, help: str, required: bool = False, default_factory=MISSING, **argparse_kwargs) -> Field:
+    """A field of a command's options dataclass that is also its command-line option: `help` is the option's help
+    text; `required=True` gives the field no default (a positional argument with `positional=True`, else a
+    required `--flag`); `flags` (default `--field-name`), `group` (an argument group's title), `choices`, `type`,
+    `metavar` and `nargs` shape the option where the field's annotation and default do not say enough.
+    `options_parser` builds the parser from these fields, so each option is declared once."""
+    metadata = {"help": help, **argparse_kwargs}
+    if required:
+        return field(metadata=metadata)
+    if default_factory is not MISSING:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _field_default(spec: Field):
+    if spec.default is not MISSING:
+        return spec.default
+    return spec.default_factory() if spec.default_factory is not MISSING else MISSING
+
+
+def _argument_type(annotation) -> type:
+    """int, float, bool or str, from a field's annotation (a string under `from __future__ import annotations`):
+    the first of them it names; a list or Path travels as the string the dataclass parses."""
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", str(annotation))
+    for kind in ("bool", "int", "float"):
+        if re.match(rf"^{kind}\b", text.strip()):
+            return {"bool": bool, "int": int, "float": float}[kind]
+    return str
+
+
+def options_parser(options: type, description: str | None, prog: str | None = None) -> argparse.ArgumentParser:
+    """The command line of the options dataclass `options`: one argument per field declared with `option()`, in
+    field order, with its help, default (the field's), type (from its annotation) and choices; a field without a
+    default is required (positional with `positional=True`, else a required `--flag`)."""
+    parser = command_parser(description, prog)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    every = fields(options)
+    for spec in [f for f in every if not f.kw_only] + [f for f in every if f.kw_only]:  # a base's shared ones last
+        if "help" not in spec.metadata:
+            continue
+        meta = spec.metadata
+        kwargs = {key: meta[key] for key in ("help", "choices", "metavar", "nargs", "type", "action") if key in meta}
+        flags, positional, group = meta.get("flags"), meta.get("positional", False), meta.get("group")
+        target = parser if group is None else groups.setdefault(group, parser.add_argument_group(group))
+        default = _field_default(spec)
+        kind = kwargs.pop("type", None) or _argument_type(spec.type)
+        if kind is bool:
+            kwargs.setdefault("action", "store_true")
+        else:
+            kwargs["type"] = kind
+        if positional:
+            names = [spec.name]
+            if default is not MISSING:
+                kwargs.update(nargs="?", default=default)
+        else:
+            names = list(flags or [f"--{spec.name.replace('_', '-')}"])
+            kwargs["dest"] = spec.name
+            if default is MISSING:
+                kwargs["required"] = True
+            elif kind is not bool:
+                kwargs["default"] = default
+        target.add_argument(*names, **kwargs)
+    return parser
+
+
+def parse_options(options: type[T], argv: list[str] | None, description: str | None, prog: str | None = None) -> T:
+    """`options` from the command line `argv` (`options_parser`), with the logging `--verbose` asks for."""
+    values = vars(parse(options_parser(options, description, prog), argv))
+    values.pop("verbose")
+    return options(**values)
 
 
 def shard_size(value: str) -> str:
@@ -146,7 +221,10 @@ __all__ = [
     "HelpFormatter",
     "UsageError",
     "command_parser",
+    "option",
+    "options_parser",
     "parse",
+    "parse_options",
     "run_cli",
     "set_verbosity",
     "shard_size",

@@ -51,3 +51,60 @@ def test_help_texts_say_what_each_command_and_option_does(argv, expected, capsys
         main(argv)
     assert done.value.code == 0
     assert expected in capsys.readouterr().out
+
+
+def test_the_parser_is_generated_from_the_options_fields(capsys):
+    """`options_parser` reads each `option()` field once: a positional, a required flag, a typed default, a bool
+    flag, choices, a group; what it parses builds the dataclass, whose own check runs."""
+    import argparse
+    from dataclasses import dataclass
+
+    from moe_embed.usage import option, options_parser, parse_options
+
+    @dataclass
+    class Options:
+        model: str = option(required=True, positional=True, help="the model")
+        output: str = option(required=True, help="where to write")
+        count: int = option(3, help="how many")
+        ratio: float | None = option(help="a ratio", group="tuning")
+        fast: bool = option(False, help="go fast")
+        mode: str = option("a", choices=("a", "b"), help="the mode")
+        internal: int = 7  # not an option: no help, not on the command line
+
+        def __post_init__(self):
+            if self.count < 1:
+                raise UsageError("--count must be at least 1")
+
+    parsed = parse_options(Options, ["m", "--output", "o", "--count", "5", "--ratio", "0.5", "--fast"], None)
+    assert parsed == Options("m", "o", count=5, ratio=0.5, fast=True, mode="a", internal=7)
+    assert parse_options(Options, ["m", "--output", "o"], None) == Options("m", "o")
+    parser = options_parser(Options, None, prog="tool")
+    assert "--internal" not in parser.format_help() and "how many (default: 3)" in parser.format_help()
+    assert [group.title for group in parser._action_groups][-1] == "tuning"
+    for argv in (["m"], ["m", "--output", "o", "--mode", "c"], ["m", "--output", "o", "--count", "x"]):
+        with pytest.raises(SystemExit):  # a missing required flag, a bad choice, a bad type: argparse's exit 2
+            parse_options(Options, argv, None)
+    assert "--output" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="--count must be at least 1"):
+        parse_options(Options, ["m", "--output", "o", "--count", "0"], None)
+    assert isinstance(parser, argparse.ArgumentParser)
+
+
+def test_options_are_declared_once():
+    """Every command's options are one dataclass whose fields generate its parser: at most a dozen `add_argument`
+    calls are written by hand in the package (the generator's, `--verbose`, the sub-command choices of `data`
+    and of `python -m moe_embed.training.data_tools`, and `train`'s three beside its YAML config)."""
+    import ast
+    import subprocess
+
+    from conftest import REPO
+
+    listed = subprocess.run(["git", "ls-files", "*.py"], cwd=REPO, capture_output=True, text=True, check=True)
+    package = ("modeling/", "convert/", "training/", "evaluation/", "hub_cards/", "moe_embed/")
+    calls = []
+    for path in listed.stdout.split():
+        if path.startswith(package):
+            for node in ast.walk(ast.parse((REPO / path).read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+                    calls.append(f"{path}:{node.lineno}")
+    assert 0 < len(calls) <= 12, calls

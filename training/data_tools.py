@@ -25,14 +25,15 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from moe_embed.files import atomic_write_text
 from moe_embed.folders import check_output
-from moe_embed.training.embed import BAD_ROWS_FILE, RAY_OPTIONS, add_ray_options
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.training.embed import BAD_ROWS_FILE, RayOptions
+from moe_embed.usage import UsageError, command_parser, option, parse, parse_options, run_cli
 
 TIE = 1e-6  # scores this close to a pair's own count as ties (faiss and numpy round differently)
 CHUNK = 4096  # anchors searched at a time
@@ -183,24 +184,42 @@ def run_search(command: str, rows: list[dict], args, options, work: Path) -> lis
 COMMANDS = {"mine": "mine hard negatives", "filter": "consistency-filter pairs"}
 
 
-def build_parser(command: str, prog: str | None = None):
-    """The parser of `moe-embed mine` or `moe-embed filter` (the options of the other are not offered)."""
-    parser = command_parser(__doc__, prog)
-    parser.add_argument("input", help="JSONL with `anchor` and `positive`")
-    parser.add_argument("--model", required=True, help="embedding model (folder or Hub id) used as the teacher")
-    parser.add_argument("--output", required=True, help="JSONL to write")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    if command == "mine":
-        parser.add_argument("--margin", type=float, default=0.95, help="keep negatives scoring below margin x positive")
-        parser.add_argument("--num-negatives", type=int, default=1, help="negatives per pair")
-        parser.add_argument("--range-max", type=int, default=50, help="candidates considered per anchor")
-    else:
-        parser.add_argument("--top-k", type=int, default=20, help="keep pairs whose positive ranks in the top-k")
-    parser.add_argument("--batch-size", type=int, default=64, help="encoding batch size")
-    parser.add_argument("--trust-remote-code", action="store_true", help="allow the model folder's own code")
-    parser.add_argument("--work-dir", help="where the embeddings go (default: a temporary folder; a given one resumes)")
-    add_ray_options(parser)
-    return parser
+@dataclass
+class PairsOptions(RayOptions):
+    """The options `mine` and `filter` share (their `--help` is generated from the fields), then each one's."""
+
+    input: str = option(required=True, positional=True, help="JSONL with `anchor` and `positive`")
+    model: str = option(required=True, help="embedding model (folder or Hub id) used as the teacher")
+    output: str = option(required=True, help="JSONL to write")
+    overwrite: bool = option(False, help="replace --output if it exists")
+    batch_size: int = option(64, help="encoding batch size")
+    trust_remote_code: bool = option(False, help="allow the model folder's own code")
+    work_dir: str | None = option(help="where the embeddings go (default: a temporary folder; a given one resumes)")
+
+
+@dataclass
+class MineOptions(PairsOptions):
+    margin: float = option(0.95, help="keep negatives scoring below margin x positive")
+    num_negatives: int = option(1, help="negatives per pair")
+    range_max: int = option(50, help="candidates considered per anchor")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 < self.margin <= 1:
+            raise UsageError(f"--margin must lie in (0, 1], got {self.margin}")
+
+
+@dataclass
+class FilterOptions(PairsOptions):
+    top_k: int = option(20, help="keep pairs whose positive ranks in the top-k")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.top_k < 1:
+            raise UsageError(f"--top-k must be at least 1, got {self.top_k}")
+
+
+OPTIONS = {"mine": MineOptions, "filter": FilterOptions}
 
 
 def run(command: str, argv: list[str] | None = None, prog: str | None = None) -> Path:
@@ -208,16 +227,11 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
     from moe_embed.training.embed import EmbedOptions, require
     from moe_embed.training.embedders import check_model
 
-    args = parse(build_parser(command, prog), argv)
+    args = parse_options(OPTIONS[command], argv, __doc__, prog)
     require("ray", "faiss")
     rows = read_pairs(Path(args.input))
     output = check_output(args.output, overwrite=args.overwrite)  # before loading the model
-    if command == "mine" and not 0 < args.margin <= 1:
-        raise UsageError(f"--margin must lie in (0, 1], got {args.margin}")
-    if command == "filter" and args.top_k < 1:
-        raise UsageError(f"--top-k must be at least 1, got {args.top_k}")
     model = check_model(args.model, None, None, args.trust_remote_code)
-    settings = {k: getattr(args, k) for k in RAY_OPTIONS}
     options = EmbedOptions(
         model,
         "",
@@ -225,7 +239,7 @@ def run(command: str, argv: list[str] | None = None, prog: str | None = None) ->
         batch_size=args.batch_size,
         trust_remote_code=args.trust_remote_code,
         overwrite=args.overwrite,
-        **settings,
+        **args.ray_options(),
     )
     with tempfile.TemporaryDirectory(prefix="moe-embed-") as temporary:
         work = Path(args.work_dir or temporary)

@@ -36,14 +36,14 @@ import shutil
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
 from moe_embed.files import atomic_write
 from moe_embed.training.corpus import Corpus, Shard, plan_shards, read_shard
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.usage import UsageError, option, parse_options, run_cli
 
 logger = logging.getLogger(__name__)
 
@@ -56,31 +56,23 @@ ID_CHECK_MIB = 256  # the final check's ids (as 8-byte hashes) held at a time; b
 ATTEMPTS_DIR = "_attempts"
 
 
-@dataclass
-class EmbedOptions:
-    """What `embed_corpus` does: the command line's options by their Python names (`moe-embed embed --help`)."""
+@dataclass(kw_only=True)
+class RayOptions:
+    """Where and how wide a job runs, and how often a shard is retried: the options `embed`, `mine` and `filter`
+    share (keyword-only, after each command's own)."""
 
-    model: str
-    input: str
-    output: str | Path
-    task: str | None = None
-    id_column: str = "id"
-    text_column: str = "text"
-    split: str = "train"
-    address: str | None = None
-    batch_size: int = 64
-    rows_per_shard: int = 10_000
-    actors: int | None = None
-    cpus_per_actor: float | None = None
-    gpus_per_actor: float | None = None
-    onnx_file: str | None = None
-    trust_remote_code: bool = False
-    overwrite: bool = False
-    max_retries: int = 2
+    address: str | None = option(
+        help="Ray cluster to run on (e.g. auto, or ray://HOST:10001); default: a local Ray for the job"
+    )
+    rows_per_shard: int = option(10_000, help="rows per output shard (default: %(default)s)")
+    actors: int | None = option(help="model replicas (default: one per node, or one per GPU)")
+    cpus_per_actor: float | None = option(help="default: all of a node's CPUs (1 with GPUs)")
+    gpus_per_actor: float | None = option(help="default: 1 where the cluster has GPUs, else 0")
+    max_retries: int = option(
+        2, help="times a shard is run again after it raises or its worker dies (default: %(default)s)"
+    )
 
     def __post_init__(self):
-        if self.batch_size < 1:
-            raise UsageError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.max_retries < 0:
             raise UsageError(f"--max-retries must not be negative, got {self.max_retries}")
         if self.actors is not None and self.actors < 1:
@@ -89,6 +81,43 @@ class EmbedOptions:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise UsageError(f"--{name.replace('_', '-')} must not be negative, got {value}")
+
+    def ray_options(self) -> dict:
+        """These options alone, to pass on to another job's options."""
+        return {spec.name: getattr(self, spec.name) for spec in fields(RayOptions)}
+
+
+@dataclass
+class EmbedOptions(RayOptions):
+    """What `embed_corpus` does: the command line's options by their Python names (`moe-embed embed --help`,
+    generated from them)."""
+
+    model: str = option(
+        required=True,
+        positional=True,
+        help="a model folder or Hub id (any family, or plain Sentence-Transformers), or an exported ONNX folder",
+    )
+    input: str = option(
+        required=True,
+        positional=True,
+        help=".jsonl or .parquet file, a folder of them, or a Hub dataset (with --split)",
+    )
+    output: str | Path = option(required=True, help="folder of parquet shards (the same folder resumes a stopped job)")
+    task: str | None = option(help="the prompt to embed with (MoTE: its task, e.g. query or document)")
+    id_column: str = option("id", help="column of the ids (default: %(default)s)")
+    text_column: str = option("text", help="column of the texts (default: %(default)s)")
+    split: str = option("train", help="split of a Hub dataset (default: %(default)s)")
+    batch_size: int = option(64, help="texts per model call (default: %(default)s)")
+    onnx_file: str | None = option(
+        help="graph of an exported ONNX folder (default: onnx/model.onnx; e.g. the int8 one)"
+    )
+    trust_remote_code: bool = option(False, help="allow the model folder's own code (this package's folders)")
+    overwrite: bool = option(False, help="replace another job's shards in --output")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.batch_size < 1:
+            raise UsageError(f"--batch-size must be at least 1, got {self.batch_size}")
 
     def job(self, model_path: str, corpus: Corpus) -> dict:
         """What makes two runs the same job (so the second may resume the first)."""
@@ -503,61 +532,11 @@ def embed_corpus(options: EmbedOptions, worker: type[ShardWorker] = ShardWorker)
     )
 
 
-RAY_OPTIONS = ("address", "rows_per_shard", "actors", "cpus_per_actor", "gpus_per_actor", "max_retries")
-
-
-def add_ray_options(parser) -> None:
-    """Where and how wide a job runs, and how often a shard is retried: `moe-embed embed`'s options `RAY_OPTIONS`,
-    which `mine` and `filter` share."""
-    parser.add_argument(
-        "--address", help="Ray cluster to run on (e.g. auto, or ray://HOST:10001); default: a local Ray for the job"
-    )
-    parser.add_argument(
-        "--rows-per-shard", type=int, default=10_000, help="rows per output shard (default: %(default)s)"
-    )
-    parser.add_argument("--actors", type=int, help="model replicas (default: one per node, or one per GPU)")
-    parser.add_argument("--cpus-per-actor", type=float, help="default: all of a node's CPUs (1 with GPUs)")
-    parser.add_argument("--gpus-per-actor", type=float, help="default: 1 where the cluster has GPUs, else 0")
-    parser.add_argument(
-        "--max-retries",
-        type=int,
-        default=2,
-        help="times a shard is run again after it raises or its worker dies (default: %(default)s)",
-    )
-
-
-def build_parser(prog: str | None = None):
-    parser = command_parser(__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n", 2)[1], prog)
-    parser.add_argument(
-        "model",
-        help="a model folder or Hub id (any family, or plain Sentence-Transformers), or an exported ONNX folder",
-    )
-    parser.add_argument("input", help=".jsonl or .parquet file, a folder of them, or a Hub dataset (with --split)")
-    parser.add_argument(
-        "--output", required=True, help="folder of parquet shards (the same folder resumes a stopped job)"
-    )
-    parser.add_argument("--task", help="the prompt to embed with (MoTE: its task, e.g. query or document)")
-    parser.add_argument("--id-column", default="id", help="column of the ids (default: %(default)s)")
-    parser.add_argument("--text-column", default="text", help="column of the texts (default: %(default)s)")
-    parser.add_argument("--split", default="train", help="split of a Hub dataset (default: %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=64, help="texts per model call (default: %(default)s)")
-    add_ray_options(parser)
-    parser.add_argument(
-        "--onnx-file", help="graph of an exported ONNX folder (default: onnx/model.onnx; e.g. the int8 one)"
-    )
-    parser.add_argument(
-        "--trust-remote-code", action="store_true", help="allow the model folder's own code (this package's folders)"
-    )
-    parser.add_argument("--overwrite", action="store_true", help="replace another job's shards in --output")
-    return parser
-
-
 def main(
     argv: list[str] | None = None, prog: str | None = None, worker: type[ShardWorker] = ShardWorker
 ) -> EmbedReport:
-    args = vars(parse(build_parser(prog), argv))
-    args.pop("verbose")
-    report = embed_corpus(EmbedOptions(**args), worker)
+    help_text = "\n\n".join(__doc__.split("\n\n")[:2])  # the usage lines, not the notes below them
+    report = embed_corpus(parse_options(EmbedOptions, argv, help_text, prog), worker)
     rate = report.rows / report.seconds if report.seconds else float("nan")
     print(
         f"embedded {report.embedded} of {report.rows} rows into {report.shards} shards under {report.output} "
