@@ -11,12 +11,12 @@ from __future__ import annotations
 import difflib
 import types
 import typing
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from moe_embed.modeling.defaults import COMOE
 from moe_embed.training.tasks import TASK_TYPES, task_type
-from moe_embed.usage import UsageError
+from moe_embed.usage import UsageError, option
 
 CURRICULA = ("task_aware", "static")
 ARCHES = ("mote", "moe", "comoe", "lora")
@@ -25,10 +25,9 @@ REGULARIZERS = ("none", "distill", "l2")
 
 
 def _help(text: str, default=MISSING, **kwargs):
-    """A dataclass field carrying its help text (as peft's and transformers' configs do)."""
-    if default is MISSING and "default_factory" not in kwargs:
-        return field(metadata={"help": text}, **kwargs)
-    return field(default=default, metadata={"help": text}, **kwargs)
+    """A config field carrying its help text (as peft's and transformers' configs do): the command line's
+    `option`, with the text first, as the YAML's keys read best."""
+    return option(default, help=text, required=default is MISSING and "default_factory" not in kwargs, **kwargs)
 
 
 @dataclass
