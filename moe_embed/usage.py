@@ -170,6 +170,19 @@ class _Quiet(logging.Filter):
         return not str(record.msg).startswith(ROUTINE_WARNINGS)
 
 
+class _NotPrintedYet(logging.Filter):
+    """Drops a record that a handler of its own library already printed (huggingface_hub's logger has one and
+    also passes its records up to the root): every line once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        logger = logging.getLogger(record.name)
+        while logger is not None and logger is not logging.root:
+            if logger.handlers:
+                return False
+            logger = logger.parent
+        return True
+
+
 class _Format(logging.Formatter):
     """This package's informational lines as they are; warnings and errors with their level and source."""
 
@@ -191,7 +204,7 @@ def set_verbosity(verbose: bool = False) -> None:
         handler._moe_embed = True
         handler.setFormatter(_Format())
         root.addHandler(handler)
-    handler.filters = [] if verbose else [_Quiet()]
+    handler.filters = [_NotPrintedYet()] if verbose else [_NotPrintedYet(), _Quiet()]
     root.setLevel(logging.INFO if verbose else logging.WARNING)
     for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
@@ -204,9 +217,34 @@ def set_verbosity(verbose: bool = False) -> None:
         _BARS_HIDDEN = False
 
 
+def offline_without_hub(argv: list[str] | None = None, timeout: float = 2.0) -> bool:
+    """Set `HF_HUB_OFFLINE=1` for this process when the Hugging Face Hub (`HF_ENDPOINT`, default huggingface.co)
+    cannot be reached, before any Hugging Face library is imported: they would otherwise retry it with backoff
+    (about half a minute) before they fall back to local files. One TCP connection, `timeout` seconds at most;
+    skipped when `HF_HUB_OFFLINE` is set either way or the command only asks for `--help`. Returns whether it
+    switched to offline, which it says in one line."""
+    import socket
+    from urllib.parse import urlsplit
+
+    argv = sys.argv[1:] if argv is None else argv
+    if "HF_HUB_OFFLINE" in os.environ or {"-h", "--help"} & set(argv):
+        return False
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((endpoint.hostname, port), timeout=timeout).close()
+        return False
+    except OSError:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        print(f"{endpoint.hostname} cannot be reached: working offline (local folders and the cache)", file=sys.stderr)
+        return True
+
+
 def run_cli(main: Callable[[list[str] | None], T], argv: list[str] | None = None) -> T:
-    """Call `main(argv)` with quiet logging set up; `UsageError` and `OSError` become one stderr line and exit 2."""
+    """Call `main(argv)` with quiet logging set up, offline at once where the Hub cannot be reached
+    (`offline_without_hub`); `UsageError` and `OSError` become one stderr line and exit 2."""
     set_verbosity(verbose=False)
+    offline_without_hub(argv)
     try:
         return main(argv)
     except UsageError as error:

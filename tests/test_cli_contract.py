@@ -108,3 +108,25 @@ def test_options_are_declared_once():
                 if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
                     calls.append(f"{path}:{node.lineno}")
     assert 0 < len(calls) <= 12, calls
+
+
+def test_a_library_line_its_own_handler_printed_is_not_printed_again(capsys):
+    """huggingface_hub's logger has a handler of its own and passes its records on to the root: the command's
+    handler prints what no library handler printed, once."""
+    import io
+    import logging
+
+    from moe_embed.usage import set_verbosity
+
+    own = io.StringIO()
+    library = logging.getLogger("some_library")
+    library.addHandler(logging.StreamHandler(own))
+    try:
+        set_verbosity(verbose=False)
+        library.warning("retrying")
+        logging.getLogger("some_library.module").warning("retrying again")
+        logging.getLogger("other_library").warning("a warning of its own")
+    finally:
+        library.handlers.clear()
+    assert own.getvalue().splitlines() == ["retrying", "retrying again"]
+    assert capsys.readouterr().err.splitlines() == ["warning (other_library): a warning of its own"]

@@ -121,3 +121,21 @@ def test_export_prints_its_own_steps_only(trained_mote, tmp_path):
     assert lines[0].startswith("tracing and exporting") and lines[-1].startswith(last), lines
     assert result.stdout.strip().splitlines()[-1].startswith("wrote") and len(result.stdout.splitlines()) == 1
     assert not [line for line in lines if "warning" in line.lower() or "Loading weights" in line], lines
+
+
+@pytest.mark.slow
+def test_a_machine_without_the_hub_works_offline_at_once_and_says_so(dense_path, tmp_path):
+    """Without HF_HUB_OFFLINE, a command on a machine that cannot reach the Hub (here: an endpoint whose port is
+    closed) says once that it works offline, and then fails in one line where it needs the Hub, with no retries
+    of the Hub's libraries (which retry with backoff for half a minute, each line printed twice)."""
+    moe_embed = Path(sys.executable).parent / "moe-embed"
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "MOE_EMBED_DATA")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf-home"))
+    args = ["evaluate", dense_path, "--tasks", "STSBenchmark"]
+    result = subprocess.run([str(moe_embed), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr
+    assert lines[0] == "127.0.0.1 cannot be reached: working offline (local folders and the cache)", lines
+    assert lines[1:] == [lines[-1]] and "mteb/stsbenchmark-sts" in lines[-1], lines  # no retries, one error
+    help_ = subprocess.run([str(moe_embed), "evaluate", "--help"], env=env, capture_output=True, text=True)
+    assert help_.returncode == 0 and "cannot be reached" not in help_.stderr  # --help tries no connection
