@@ -293,6 +293,17 @@ def test_duplicated_ids_fail_naming_them(memory_mib, dense_path, tmp_path, capsy
     assert (
         code == 2 and "the input repeats 2 ids: x, y (each row needs an id of its own" in err.strip().splitlines()[-1]
     ), err
+    assert not (tmp_path / "out").exists()  # refused before any shard was embedded
+
+
+def test_ids_repeated_in_other_types_are_one_id(dense_path, tmp_path, capsys):
+    """An id is the string the output holds: 1 and "1" in a JSONL input are the same id, refused up front."""
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in [(1, "one"), ("1", "uno"), (2, "two")])
+    )
+    code, err = run_main(embed_main, dense_path, str(corpus), "--output", str(tmp_path / "out"), capsys=capsys)
+    assert code == 2 and "the input repeats 1 ids: 1 (" in err.strip().splitlines()[-1], err
 
 
 def test_repeated_ids_are_found_in_any_memory():

@@ -19,7 +19,8 @@ with other settings in the same folder is refused unless `--overwrite`). A shard
 and a shard whose actor dies is run again on the restarted actor, `--max-retries` times each (2 by default);
 then the job stops in one line, keeping the shards written (deaths are counted by the job itself, in
 `_attempts/` under the output, not by Ray's task retries). At the end every shard is checked to hold every row
-it read, and every id to appear once; the job fails naming the ids that do not.
+it read, and every id to appear once; the job fails naming the ids that do not (an input that repeats an id is
+refused before anything is embedded).
 Rows without an id or with an empty text are not embedded: they are counted, listed in `_bad_rows.jsonl`, and
 the command exits 2 after finishing the rest. Texts longer than the model reads are embedded from their first
 tokens, as `encode` embeds them, and counted.
@@ -456,6 +457,32 @@ def repeated_hashes(batches: Iterable[np.ndarray], rows: int, memory_mib: float)
     return found
 
 
+def repeated_ids_message(repeated: set[int], ids: Iterable[list]) -> str:
+    """What to say of the ids whose hashes are `repeated`, found again in `ids` (lists, one shard's at a time)."""
+    names = set()
+    for shard in ids:
+        names.update(str(shard[i]) for i in np.flatnonzero(np.isin(id_hashes(shard), list(repeated))))
+    names = sorted(names)
+    return (
+        f"the input repeats {len(names)} ids: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''} (each row "
+        "needs an id of its own: fix the input, or name another column with --id-column)"
+    )
+
+
+def check_input_ids(shards: list[Shard], options: EmbedOptions) -> None:
+    """Refuse an input that repeats an id before anything is embedded: one read of the ids, `ID_CHECK_MIB` of their
+    hashes held at a time (a row without an id is a bad row, counted later, not a repeat)."""
+
+    def ids_of(shard: Shard) -> list:
+        ids = read_shard(shard, options.id_column, options.text_column)[0]
+        return [str(i) for i in ids if i is not None and str(i) != ""]  # as the output holds them
+
+    rows = sum(shard.rows for shard in shards)
+    repeated = repeated_hashes((id_hashes(ids_of(s)) for s in shards), rows, ID_CHECK_MIB)
+    if repeated:
+        raise UsageError(repeated_ids_message(repeated, (ids_of(s) for s in shards)))
+
+
 def verify(output: Path, shards: list[Shard]) -> tuple[int, list[dict], int]:
     """Check that every shard holds every row it read and that no id appears twice; returns
     `(embedded, bad rows, longer than the model)`. Ids are compared by 64-bit hashes, `ID_CHECK_MIB` of them at a
@@ -480,15 +507,7 @@ def verify(output: Path, shards: list[Shard]) -> tuple[int, list[dict], int]:
 
     repeated = repeated_hashes(hashes(), sum(shard.rows for shard in shards), ID_CHECK_MIB)
     if repeated:
-        names = set()
-        for shard in shards:
-            ids = shard_ids(output, shard)
-            names.update(ids[i] for i in np.flatnonzero(np.isin(id_hashes(ids), list(repeated))))
-        names = sorted(names)
-        problems.append(
-            f"the input repeats {len(names)} ids: {', '.join(names[:10])}{' ...' if len(names) > 10 else ''} (each "
-            "row needs an id of its own: fix the input, or name another column with --id-column)"
-        )
+        problems.append(repeated_ids_message(repeated, (shard_ids(output, shard) for shard in shards)))
     if problems:
         raise UsageError("the output is not exact: " + "; ".join(problems))
     return counts["embedded"], bad, counts["longer"]
@@ -519,6 +538,7 @@ def embed_corpus(options: EmbedOptions, worker: type[ShardWorker] = ShardWorker)
     output = Path(options.output)
     check_output(output, tuple(corpus.files()) + (Path(model),), overwrite=True)  # overlap only: resuming is allowed
     shards = plan_shards(corpus, options.rows_per_shard)
+    check_input_ids(shards, options)  # hours of embedding are not spent on an input the end would refuse
     prepare_output(output, options.job(model, corpus), options.overwrite)
     todo = [shard for shard in shards if not is_done(output, shard)]
     total = sum(shard.rows for shard in shards)
