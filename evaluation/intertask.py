@@ -7,7 +7,7 @@ Each text is embedded once per task (with the model's prompt for it: `query`, `d
 embeddings is one sample. Lower similarity means more specialised embeddings. For each pair a
 one-sided Welch t-test (`scipy.stats.ttest_ind(equal_var=False, alternative="less")`) tests
 H1: mean similarity of the first model < that of the second. Texts default to 128 documents of the
-SciFact corpus drawn with `--seed` (the paper used 128 Wikipedia articles, which `../shared/data`
+SciFact corpus drawn with `--seed` (the paper used 128 Wikipedia articles, which the suite's data
 lacks); `--texts FILE` takes one text per line instead. Writes `intertask.json` and
 `intertask.png` (a box plot per task pair and model) to `--output-dir` and prints a markdown table.
 """

@@ -130,3 +130,15 @@ def test_a_library_line_its_own_handler_printed_is_not_printed_again(capsys):
         library.handlers.clear()
     assert own.getvalue().splitlines() == ["retrying", "retrying again"]
     assert capsys.readouterr().err.splitlines() == ["warning (other_library): a warning of its own"]
+
+
+@pytest.mark.parametrize("name", ["train", "intertask", "evaluate", "calibrate-aea", "embed", "mine", "data"])
+def test_help_names_no_folder_of_this_repository_s_neighbours(name, capsys):
+    """A user's --help names what a user has (a data folder `moe-embed data download` writes, $MOE_EMBED_DATA),
+    not the development machine's `../shared/data`."""
+    from moe_embed.cli import main
+
+    with pytest.raises(SystemExit):
+        main([name, "--help"])
+    text = capsys.readouterr().out
+    assert "usage: moe-embed" in text and "shared/data" not in text

@@ -180,8 +180,8 @@ class TrainingConfig:
     )
     trust_remote_code: bool = _help("allow the model folder's own code (MoTE, MoE)", False)
     data_dir: str | None = _help(
-        "the folder {data} stands for in dataset paths (default: $MOE_EMBED_DATA, else ../shared/data beside "
-        "the repository)",
+        "the folder {data} stands for in dataset paths, as `moe-embed data download DIR` writes it "
+        "(default: $MOE_EMBED_DATA)",
         None,
     )
     model_kwargs: dict | None = _help(

@@ -1,7 +1,7 @@
 """Task-aware contrastive learning (TA-CL) with SentenceTransformerTrainer, from a YAML config.
 
     moe-embed train --config examples/train_mote.yaml
-    moe-embed train --config training/configs/example.yaml --data-dir ../shared/data
+    moe-embed data download data/ && moe-embed train --config training/configs/example.yaml --data-dir data/
 
 (`python -m moe_embed.training.train ...` is the same command.) A config (see `examples/train_mote.yaml`; every option
 is listed at the end of `--help`):
