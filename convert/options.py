@@ -191,7 +191,17 @@ class UpcycleOptions:
 
 
 @dataclass
-class MergeOptions:
+class FolderOptions:
+    """What every converter from a folder to a folder takes: the folder it reads, the one it writes, and whether
+    an existing output may be replaced."""
+
+    model_dir: str | Path = option(required=True, positional=True, help="the model folder to read")
+    output: str | Path = option(required=True, help="folder to write")
+    overwrite: bool = option(False, help="replace --output if it exists")
+
+
+@dataclass
+class MergeOptions(FolderOptions):
     """What `merge` writes: the command line's options by their Python names (`moe-embed merge --help`)."""
 
     model_dir: str | Path = option(
@@ -199,8 +209,6 @@ class MergeOptions:
         positional=True,
         help="MoTE (mote_bert), token-routed MoE (moe_bert) or CoMoE (comoe_bert) folder",
     )
-    output: str | Path = option(required=True, help="folder to write")
-    overwrite: bool = option(False, help="replace --output if it exists")
     task: str | None = option(help="MoTE: export this task's experts (only its prompts are kept)")
     experts: str | list[str] | None = option(
         help="average only these experts: MoTE task names (e.g. clustering,document) or MoE indices (e.g. 0,3)"
@@ -240,17 +248,15 @@ DEFAULT_MIN_COSINE = 0.97
 
 
 @dataclass
-class ExportOptions:
-    """What `export_onnx` writes: the command line's options by their Python names (`moe-embed export
-    --help`). Checked on construction, before any model is loaded."""
+class ExportOptions(FolderOptions):
+    """What `export_onnx` writes (onnx/model.onnx, the tokenizer, configs, README): the command line's options by
+    their Python names (`moe-embed export --help`). Checked on construction, before any model is loaded."""
 
     model_dir: str | Path = option(
         required=True,
         positional=True,
         help="MoTE, token-routed MoE, CoMoE or dense (bert, roberta, xlm-roberta) folder",
     )
-    output: str | Path = option(required=True, help="folder to write (onnx/model.onnx, tokenizer, configs, README)")
-    overwrite: bool = option(False, help="replace --output if it exists")
     task: str | None = option(help="MoTE: export only this task's experts, as a plain graph")
     task_ids_input: bool = option(False, help="MoTE: add a task_ids input (-1: the prompt decides)")
     quantize: str | None = option(
