@@ -63,9 +63,9 @@ def command_parser(description: str | None, prog: str | None = None, **kwargs) -
 
 def option(default=None, *, help: str, required: bool = False, default_factory=MISSING, **argparse_kwargs) -> Field:
     """A field of a command's options dataclass that is also its command-line option: `help` is the option's help
-    text; `required=True` gives the field no default (a positional argument with `positional=True`, else a
-    required `--flag`); `flags` (default `--field-name`), `group` (an argument group's title), `choices`, `type`,
-    `metavar` and `nargs` shape the option where the field's annotation and default do not say enough.
+    text, `--field-name` its flag; `required=True` gives the field no default (a positional argument with
+    `positional=True`, else a required flag); `group` (an argument group's title), `choices`, `type`, `metavar`
+    and `nargs` shape the option where the field's annotation and default do not say enough.
     `options_parser` builds the parser from these fields, so each option is declared once."""
     metadata = {"help": help, **argparse_kwargs}
     if required:
@@ -102,13 +102,13 @@ def options_parser(options: type, description: str | None, prog: str | None = No
         if "help" not in spec.metadata:
             continue
         meta = spec.metadata
-        kwargs = {key: meta[key] for key in ("help", "choices", "metavar", "nargs", "type", "action") if key in meta}
-        flags, positional, group = meta.get("flags"), meta.get("positional", False), meta.get("group")
+        kwargs = {key: meta[key] for key in ("help", "choices", "metavar", "nargs", "type") if key in meta}
+        positional, group = meta.get("positional", False), meta.get("group")
         target = parser if group is None else groups.setdefault(group, parser.add_argument_group(group))
         default = _field_default(spec)
         kind = kwargs.pop("type", None) or _argument_type(spec.type)
         if kind is bool:
-            kwargs.setdefault("action", "store_true")
+            kwargs["action"] = "store_true"
         else:
             kwargs["type"] = kind
         if positional:
@@ -116,7 +116,7 @@ def options_parser(options: type, description: str | None, prog: str | None = No
             if default is not MISSING:
                 kwargs.update(nargs="?", default=default)
         else:
-            names = list(flags or [f"--{spec.name.replace('_', '-')}"])
+            names = [f"--{spec.name.replace('_', '-')}"]
             kwargs["dest"] = spec.name
             if default is MISSING:
                 kwargs["required"] = True
@@ -192,6 +192,11 @@ class _Format(logging.Formatter):
         return f"{record.levelname.lower()} ({record.name}): {record.getMessage()}"
 
 
+def is_verbose() -> bool:
+    """Whether `set_verbosity` made the command verbose (`--verbose`: the root logger at INFO)."""
+    return logging.getLogger().getEffectiveLevel() <= logging.INFO
+
+
 def set_verbosity(verbose: bool = False) -> None:
     """Quiet (this package's informational lines, every warning but the routine ones) or verbose (every
     library's informational lines too) logging on stderr. Quiet also hides the progress bars of transformers
@@ -259,6 +264,7 @@ __all__ = [
     "HelpFormatter",
     "UsageError",
     "command_parser",
+    "is_verbose",
     "option",
     "options_parser",
     "parse",

@@ -304,6 +304,7 @@ def test_ids_repeated_in_other_types_are_one_id(dense_path, tmp_path, capsys):
     )
     code, err = run_main(embed_main, dense_path, str(corpus), "--output", str(tmp_path / "out"), capsys=capsys)
     assert code == 2 and "the input repeats 1 ids: 1 (" in err.strip().splitlines()[-1], err
+    assert not (tmp_path / "out").exists()  # refused before any shard was embedded
 
 
 def test_repeated_ids_are_found_in_any_memory():

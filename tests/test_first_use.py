@@ -128,9 +128,14 @@ def test_a_machine_without_the_hub_works_offline_at_once_and_says_so(dense_path,
     """Without HF_HUB_OFFLINE, a command on a machine that cannot reach the Hub (here: an endpoint whose port is
     closed) says once that it works offline, and then fails in one line where it needs the Hub, with no retries
     of the Hub's libraries (which retry with backoff for half a minute, each line printed twice)."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on: bound here, then closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     moe_embed = Path(sys.executable).parent / "moe-embed"
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "MOE_EMBED_DATA")}
-    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf-home"))
+    env.update(HF_ENDPOINT=f"http://127.0.0.1:{port}", HF_HOME=str(tmp_path / "hf-home"))
     args = ["evaluate", dense_path, "--tasks", "STSBenchmark"]
     result = subprocess.run([str(moe_embed), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     lines = result.stderr.strip().splitlines()

@@ -44,7 +44,7 @@ import numpy as np
 
 from moe_embed.files import atomic_write
 from moe_embed.training.corpus import Corpus, Shard, plan_shards, read_shard
-from moe_embed.usage import UsageError, option, parse_options, run_cli
+from moe_embed.usage import UsageError, is_verbose, option, parse_options, run_cli
 
 logger = logging.getLogger(__name__)
 
@@ -300,18 +300,13 @@ def count_attempt(output: Path, shard: Shard) -> int:
     return path.stat().st_size
 
 
-def verbose() -> bool:
-    """Whether the command runs with `--verbose` (`moe_embed.usage.set_verbosity`: the root logger at INFO)."""
-    return logging.getLogger().getEffectiveLevel() <= logging.INFO
-
-
 def start_ray(address: str) -> None:
     """`ray.init` as quiet as the command: without `--verbose`, Ray's notes on a run that works (its token
     authentication, the core worker's note on actors that can restart) are not printed; Ray's errors, and this
     job's own lines, are."""
     import ray
 
-    if verbose():
+    if is_verbose():
         ray.init(address=address, include_dashboard=False, logging_level=logging.INFO, log_to_driver=True)
         return
     level = os.environ.get("RAY_BACKEND_LOG_LEVEL")
@@ -329,7 +324,7 @@ def quiet_ray_data() -> None:
     import importlib
 
     importlib.import_module("ray.data")  # which configures the loggers set here
-    if not verbose():
+    if not is_verbose():
         logging.getLogger("ray.data").setLevel(logging.WARNING)
         logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)
 
