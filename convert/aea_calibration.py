@@ -14,10 +14,10 @@ import torch
 from tqdm.auto import tqdm
 
 from moe_embed.convert.cards import HUB_CARDS_DIR, PLACEHOLDER_OWNER, looks_like_hub_id
-from moe_embed.convert.checkpoint import copy_modeling_files
+from moe_embed.convert.remote_code import write_folder_code
 from moe_embed.files import atomic_output_dir, read_json, write_json
 from moe_embed.modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
-from moe_embed.modeling.manifest import FOLDER_FILES, HUB_TAGS, MODEL_TYPE_TAGS, ST_MODULES
+from moe_embed.modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS, ST_MODULES
 from moe_embed.modeling.st_folder import PORTABLE_MODULES, write_model_config
 from moe_embed.usage import UsageError
 
@@ -195,7 +195,7 @@ def write_folder(target: Path, model, tokenizer, settings: dict, source_name: st
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
     write_json(target / "aea_config.json", settings)
-    copy_modeling_files(target, FOLDER_FILES["aea"])
+    write_folder_code(target, "aea")
     # normalised, as every other folder's embeddings are (cosine scores are unchanged; a dot product becomes one)
     (target / "1_Normalize").mkdir()
     write_json(

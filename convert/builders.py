@@ -14,7 +14,6 @@ import torch
 
 from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_card, source_license
 from moe_embed.convert.checkpoint import (
-    copy_modeling_files,
     copy_tokenizer_files,
     encoder_config_kwargs,
     load_tokenizer,
@@ -23,6 +22,7 @@ from moe_embed.convert.checkpoint import (
     read_dense_checkpoint,
 )
 from moe_embed.convert.layout import comoe_adapter_keys, moe_rename, moe_router_key, mote_rename
+from moe_embed.convert.remote_code import write_folder_code
 from moe_embed.convert.task_prefixes import leading_special_tokens, prefix_token_ids
 from moe_embed.files import atomic_output_dir
 from moe_embed.folders import BUNDLED_MODEL_ID, is_bundled
@@ -31,7 +31,7 @@ from moe_embed.modeling.configuration_comoe import CoMoeBertConfig
 from moe_embed.modeling.configuration_moe import MoeBertConfig
 from moe_embed.modeling.configuration_mote import MoteBertConfig
 from moe_embed.modeling.defaults import sentence_transformers_prompts
-from moe_embed.modeling.manifest import FOLDER_FILES, ST_MODULES
+from moe_embed.modeling.manifest import ST_MODULES
 from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 from moe_embed.modeling.modeling_moe import MoeBertModel
 from moe_embed.modeling.modeling_mote import MoteBertModel
@@ -241,14 +241,10 @@ def write_upcycled(options: UpcycleOptions, source: Path, output: Path) -> Path:
     model = upcycled.model.to(parse_dtype(options.dtype))
     bundled = options.base is None or is_bundled(options.base)
     with atomic_output_dir(output, options.overwrite) as tmp:
-        type(model.config).register_for_auto_class()
-        type(model).register_for_auto_class("AutoModel")
-        # save_pretrained copies the model's code (the registered classes and their sibling imports);
-        # the Sentence-Transformers module is not reached from it, so it is copied here.
         model.config.requirements = dict(REQUIREMENTS)  # not a field: saved as it is, kept by later saves
         model.save_pretrained(tmp, max_shard_size=options.max_shard_size)
         model_type = model.config.model_type
-        copy_modeling_files(tmp, FOLDER_FILES[model_type])
+        write_folder_code(tmp, model_type)  # the model's and the Sentence-Transformers module's code
         copy_tokenizer_files(source, tmp)
         write_sentence_transformers_files(source, tmp, ST_MODULES[model_type], upcycled.prompts)
         render_card(

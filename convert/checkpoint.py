@@ -21,7 +21,6 @@ from moe_embed.usage import UsageError
 logger = logging.getLogger(__name__)
 
 SUPPORTED_SOURCE_TYPES = tuple(DENSE_ARCHITECTURES)
-MODELING_DIR = Path(__file__).resolve().parent.parent / "modeling"
 # BERT fields copied from a dense config into an EncoderConfig.
 ENCODER_FIELDS = (
     "vocab_size",
@@ -188,12 +187,6 @@ def copy_tokenizer_files(source: Path, target: Path) -> None:
     """Copy the tokenizer files of `source` into `target`."""
     for name in tokenizer_files(source):
         shutil.copy2(Path(source) / name, Path(target) / name)
-
-
-def copy_modeling_files(target: Path, names: list[str]) -> None:
-    """Copy files of `modeling/` to the model folder root (remote code and ST module)."""
-    for name in names:
-        shutil.copy2(MODELING_DIR / name, target / name)
 
 
 def parse_dtype(name: str) -> torch.dtype:

@@ -1,6 +1,7 @@
-"""Model code of moe-embed. The folder is flat: its files are copied side by side into saved model
-folders (remote code), so each imports only the standard library, torch, public transformers names,
-sentence-transformers (the `st_*.py` modules only) and siblings through `from .sibling import Name`.
+"""Model code of moe-embed. The folder is flat and runs from saved model folders (remote code), so each file
+imports only the standard library, torch, public transformers names, sentence-transformers (the `st_*.py`
+modules only) and siblings through `from .sibling import Name`; a folder holds one generated file per entry
+point, each with the siblings it reaches inlined (`moe_embed.convert.remote_code`).
 
 Shared by every model type:
 

@@ -24,7 +24,6 @@ from .manifest import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_PEFT_TYPE,
     ADAPTER_WEIGHTS_NAME,
-    FOLDER_FILES,
     LIBRARY_NAME,
     ST_MODULES,
     TOKENIZER_FILES,
@@ -194,23 +193,23 @@ def write_adapter_module_files(model, save_directory: str) -> None:
     """Make an adapter-only folder load with `SentenceTransformer(DIR, trust_remote_code=True)`.
 
     sentence-transformers reads an `adapter_config.json` as a peft adapter (and fails on this adapter type)
-    unless the folder names this package's input module. So the module files are copied, from beside this
-    file or from the folder the model was loaded from, with that folder's tokenizer, modules and prompts
-    when it has them (mean pooling otherwise). Files already in `save_directory` are kept."""
-    module_files = FOLDER_FILES[model.config.model_type]
+    unless the folder names this package's input module. So the code files of the folder the model was loaded
+    from are copied (every `.py` at its root: one per entry point in folders of this version, the modules side
+    by side in older ones), with its tokenizer, modules and prompts when it has them (mean pooling otherwise).
+    Files already in `save_directory` are kept."""
     loaded_from = str(model.name_or_path or "")
-    sources = [os.path.dirname(os.path.abspath(__file__)), loaded_from]
-    source = next((s for s in sources if os.path.isfile(os.path.join(s, module_files[0]))), None)
-    if source is None:
+    module_file = ST_MODULES[model.config.model_type].split(".")[0] + ".py"
+    if not os.path.isfile(os.path.join(loaded_from, module_file)):
         logger.warning(
-            "%s loads with AutoModel only: the Sentence-Transformers module files were not found beside the "
-            "model code; write the folder with `moe-embed extract-adapter` instead",
+            "%s loads with AutoModel only: the model was not loaded from a folder holding %s; write the folder "
+            "with `moe-embed extract-adapter` instead",
             save_directory,
+            module_file,
         )
         return
-    for name in module_files:
-        if not os.path.exists(os.path.join(save_directory, name)):
-            shutil.copy2(os.path.join(source, name), os.path.join(save_directory, name))
+    for name in sorted(os.listdir(loaded_from)):
+        if name.endswith(".py") and not os.path.exists(os.path.join(save_directory, name)):
+            shutil.copy2(os.path.join(loaded_from, name), os.path.join(save_directory, name))
     for name in TOKENIZER_FILES:  # sentence-transformers loads the tokenizer from the folder itself
         path = os.path.join(loaded_from, name)
         if os.path.isfile(path) and not os.path.exists(os.path.join(save_directory, name)):

@@ -2,11 +2,8 @@
 contrastive loss between activated and inactivated experts (Feng et al., 2025, "CoMoE: Contrastive
 Representation for Mixture-of-Experts in Parameter-Efficient Fine-tuning")."""
 
-# transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
-# so every sibling this file needs, directly or not, is imported here by name.
 import os
 
-from .compat import DATACLASS_CONFIGS  # noqa: F401
 from .configuration_encoder import EncoderConfig, check_top_k, resolve_layer_indices
 from .defaults import COMOE
 

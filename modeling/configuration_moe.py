@@ -1,8 +1,5 @@
 """Configuration of the token-routed sparse MoE encoder (Nomic Embed v2, Nussbaum & Duderstadt, 2025)."""
 
-# transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
-# so every sibling this file needs, directly or not, is imported here by name.
-from .compat import DATACLASS_CONFIGS  # noqa: F401
 from .configuration_encoder import EncoderConfig, check_top_k, resolve_layer_indices
 from .defaults import MOE
 

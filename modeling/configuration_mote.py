@@ -1,8 +1,5 @@
 """Configuration of MoTE, the Mixture of Task Experts encoder (Romero et al., 2025)."""
 
-# transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
-# so every sibling this file needs, directly or not, is imported here by name.
-from .compat import DATACLASS_CONFIGS  # noqa: F401
 from .configuration_encoder import EncoderConfig, resolve_layer_indices
 from .defaults import DEFAULT_TASK_PREFIXES, TASK_NAME_ALIASES, TASK_TYPE_EXPERTS
 

@@ -1,7 +1,7 @@
 """What a saved model folder of each type holds besides its weights, and the names the files in saved
 folders share: one copy of each, read by the converters, the model code and the model cards.
 
-This file is copied into the folders whose code imports it (CoMoE's), beside `comoe_adapter.py`.
+Folders whose code imports it (CoMoE's) hold it inlined into their code file.
 """
 
 # adapter-only CoMoE folders: peft's file names, and the adapter type written into adapter_config.json
@@ -42,22 +42,20 @@ ST_MODULES = {
     "aea": "st_aea.AeaTransformer",
 }
 
-# files of modeling/ a folder of each type receives beside what `save_pretrained` copies (the model
-# code and every sibling it imports): its Sentence-Transformers module and what that module imports
+# the code files a folder of each type holds, each generated at save time from the module of the same name
+# in modeling/ and every sibling it imports (`moe_embed.convert.remote_code`): the model and its config, and
+# the Sentence-Transformers module
 FOLDER_FILES = {
-    "mote_bert": ("st_mote.py", "st_compat.py"),
-    "moe_bert": ("st_moe.py", "st_compat.py"),
-    "comoe_bert": ("st_comoe.py", "st_moe.py", "st_compat.py"),
-    "aea": (
-        "st_aea.py",
-        "st_compat.py",
-        "aea_allocation.py",
-        "aea_controller.py",
-        "aea_layers.py",
-        "aea_pooling.py",
-        "compat.py",
-        "defaults.py",
-    ),
+    "mote_bert": ("modeling_mote.py", "st_mote.py"),
+    "moe_bert": ("modeling_moe.py", "st_moe.py"),
+    "comoe_bert": ("modeling_comoe.py", "st_comoe.py"),
+    "aea": ("st_aea.py",),  # the model's own code (transformers', or a moe_bert folder's) is saved with it
+}
+# `config.json`'s `auto_map` of each model type: the config class lives in the model's file
+AUTO_MAP = {
+    "mote_bert": {"AutoConfig": "modeling_mote.MoteBertConfig", "AutoModel": "modeling_mote.MoteBertModel"},
+    "moe_bert": {"AutoConfig": "modeling_moe.MoeBertConfig", "AutoModel": "modeling_moe.MoeBertModel"},
+    "comoe_bert": {"AutoConfig": "modeling_comoe.CoMoeBertConfig", "AutoModel": "modeling_comoe.CoMoeBertModel"},
 }
 
 __all__ = [
@@ -71,5 +69,6 @@ __all__ = [
     "MODEL_TYPE_TAGS",
     "ST_MODULES",
     "FOLDER_FILES",
+    "AUTO_MAP",
     "MERGE_TAGS",
 ]

@@ -21,8 +21,6 @@ import torch
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 from transformers.utils import cached_file
 
-# transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
-# so every sibling this file needs, directly or not, is imported here by name.
 from .comoe_adapter import (
     HUB_KWARGS,
     adapter_state_dict,
@@ -46,12 +44,9 @@ from .comoe_layer import (
 )
 from .compat import init
 from .configuration_comoe import CoMoeBertConfig
-from .configuration_encoder import EncoderConfig  # noqa: F401
-from .defaults import COMOE  # noqa: F401
 from .manifest import ADAPTER_WEIGHTS_NAME
 from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel
 from .router_losses import load_balancing_loss
-from .st_folder import MODULES_FILE  # noqa: F401
 
 
 @dataclass

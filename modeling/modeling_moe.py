@@ -23,9 +23,7 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .compat import OutputRecorder, init, is_exporting, use_experts_implementation
-from .configuration_encoder import EncoderConfig  # noqa: F401 (transformers 4.x: see modeling_mote.py)
 from .configuration_moe import MoeBertConfig
-from .defaults import MOE  # noqa: F401
 from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention
 from .router_losses import load_balancing_loss, router_z_loss
 

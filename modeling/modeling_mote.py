@@ -19,12 +19,8 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-# transformers 4.x copies only the direct relative imports of a folder's model file into its module cache,
-# so every sibling this file needs, directly or not, is imported here by name.
 from .compat import exporting_program, is_exporting
-from .configuration_encoder import EncoderConfig  # noqa: F401
 from .configuration_mote import MoteBertConfig
-from .defaults import DEFAULT_TASK  # noqa: F401
 from .modeling_encoder import EncoderIntermediate, EncoderLayer, EncoderOutput, EncoderPreTrainedModel
 from .task_router import TaskRouter
 

@@ -12,14 +12,8 @@ import threading
 
 from transformers.utils import cached_file
 
-# transformers 4.x copies only the direct relative imports of a module file into its module cache, so every
-# sibling this file needs, directly or not, is imported here by name.
-from .aea_allocation import allocate_tokens  # noqa: F401
 from .aea_controller import AdaptiveExpertAllocation
-from .aea_layers import find_moe_layers  # noqa: F401
 from .aea_pooling import sentence_embedding
-from .compat import REQUIREMENTS  # noqa: F401
-from .defaults import AEA_EMBEDDINGS  # noqa: F401
 from .st_compat import Transformer, tokenize_texts
 
 AEA_CONFIG_NAME = "aea_config.json"

@@ -9,14 +9,7 @@ as `st_comoe.CoMoeTransformer`, so it needs `trust_remote_code=True`.
 
 from transformers import AutoConfig
 
-# transformers 4.x copies only the direct relative imports of a module file into its module cache, so every
-# sibling this file needs, directly or not, is imported here by name.
 from .comoe_adapter import is_comoe_adapter, read_adapter_config
-from .comoe_layer import is_adapter_key  # noqa: F401
-from .compat import REQUIREMENTS  # noqa: F401
-from .manifest import ADAPTER_CONFIG_NAME  # noqa: F401
-from .st_compat import Transformer  # noqa: F401
-from .st_folder import MODULES_FILE  # noqa: F401
 from .st_moe import MoeTransformer
 
 

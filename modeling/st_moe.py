@@ -10,9 +10,6 @@ of the model folder and named in `modules.json` as `st_moe.MoeTransformer`, so i
 
 import threading
 
-# transformers 4.x copies only the direct relative imports of a module file into its module cache, so every
-# sibling this file needs, directly or not, is imported here by name.
-from .compat import REQUIREMENTS  # noqa: F401
 from .st_compat import Transformer, init_kwargs, output_name, tokenize_texts
 
 # the tasks sentence-transformers itself names (`encode_query`, `encode_document`): its prompts and lengths

@@ -10,13 +10,6 @@ folder and named in `modules.json` as `st_mote.MoteTransformer`, so it needs `tr
 
 import torch
 
-# transformers 4.x copies only the direct relative imports of a module file into its module cache, so every
-# sibling this file needs, directly or not, is imported here by name.
-from .compat import is_exporting  # noqa: F401
-from .configuration_encoder import EncoderConfig  # noqa: F401
-from .configuration_mote import MoteBertConfig  # noqa: F401
-from .defaults import DEFAULT_TASK  # noqa: F401
-from .modeling_encoder import EncoderLayer  # noqa: F401
 from .st_compat import Transformer, init_kwargs, tokenize_texts
 
 

@@ -120,7 +120,7 @@ def test_adapter_folder_holds_only_adapters(trained_folders, dense_path):
     assert (adapter / settings["base_model_name_or_path"]).resolve() == (adapter.parent / "dense").resolve()
     assert (settings["r"], settings["lora_alpha"], settings["num_experts"]) == (16, 32.0, 4)
     assert "Adapter-only folder" in (adapter / "README.md").read_text()
-    for name in ("modules.json", "st_moe.py", "tokenizer.json", "modeling_comoe.py"):
+    for name in ("modules.json", "st_comoe.py", "tokenizer.json", "modeling_comoe.py"):
         assert (adapter / name).exists(), name
 
 
