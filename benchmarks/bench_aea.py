@@ -36,7 +36,7 @@ from moe_embed.modeling.aea_layers import experts_arguments, find_moe_layers
 from moe_embed.usage import parse, run_cli
 
 # the MoE encoder of experiments/aea_moe_encoder.py: every layer, 8 experts, top-2, experts that differ
-ENCODER = {"arch": "moe", "moe_layers": "all", "num_experts": 8, "experts_per_token": 2}
+ENCODER = {"arch": "moe", "moe_layers": "all", "num_local_experts": 8, "num_experts_per_tok": 2}
 ENCODER.update(norm_topk_prob=True, expert_noise=0.02)
 
 OLMOE = dict(

@@ -8,7 +8,6 @@ bad arguments answer before torch is imported.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -23,8 +22,8 @@ DTYPES = ("float32", "float16", "bfloat16")
 # options shared by moe and comoe whose defaults differ between them (the papers' settings): None means "the
 # default of --arch"
 SHARED_DEFAULTS = {
-    "num_experts": {"moe": MOE.num_local_experts, "comoe": COMOE.num_local_experts},
-    "experts_per_token": {"moe": MOE.num_experts_per_tok, "comoe": COMOE.num_experts_per_tok},
+    "num_local_experts": {"moe": MOE.num_local_experts, "comoe": COMOE.num_local_experts},
+    "num_experts_per_tok": {"moe": MOE.num_experts_per_tok, "comoe": COMOE.num_experts_per_tok},
     "router_aux_loss_coef": {"moe": MOE.router_aux_loss_coef, "comoe": COMOE.router_aux_loss_coef},
 }
 
@@ -86,11 +85,17 @@ class UpcycleOptions:
     strict_routing: bool = _arch(
         "mote", default=False, help="no default task: inputs that name no task and carry no prefix are an error"
     )
-    num_experts: int | None = _arch(
-        "moe", "comoe", help=_shared_help("experts per MoE layer / per CoMoE linear", "num_experts")
+    num_local_experts: int | None = _arch(
+        "moe",
+        "comoe",
+        renamed_from="num_experts",
+        help=_shared_help("experts per MoE layer / per CoMoE linear", "num_local_experts"),
     )
-    experts_per_token: int | None = _arch(
-        "moe", "comoe", help=_shared_help("experts each token is routed to, top-k", "experts_per_token")
+    num_experts_per_tok: int | None = _arch(
+        "moe",
+        "comoe",
+        renamed_from="experts_per_token",
+        help=_shared_help("experts each token is routed to, top-k", "num_experts_per_tok"),
     )
     router_aux_loss_coef: float | None = _arch(
         "moe", "comoe", help=_shared_help("load-balancing loss weight", "router_aux_loss_coef")
@@ -117,7 +122,7 @@ class UpcycleOptions:
     )
     router_z_loss_coef: float = _arch("moe", default=MOE.router_z_loss_coef, help="router z-loss weight")
     router_jitter_noise: float = _arch("moe", default=MOE.router_jitter_noise, help="router input jitter in training")
-    rank: int = _arch("comoe", default=COMOE.lora_rank, help="LoRA rank r of every expert")
+    lora_rank: int = _arch("comoe", default=COMOE.lora_rank, renamed_from="rank", help="LoRA rank r of every expert")
     lora_alpha: float = _arch("comoe", default=COMOE.lora_alpha, help="LoRA alpha (experts are scaled by alpha / r)")
     lora_dropout: float = _arch("comoe", default=COMOE.lora_dropout, help="dropout on the experts' input in training")
     target_modules: str | list[str] = _arch(
@@ -126,9 +131,10 @@ class UpcycleOptions:
         help="linears that get experts, matched as peft's target_modules "
         "(query, key, value, attention.output.dense, intermediate.dense, output.dense)",
     )
-    layers: str | list[int] = _arch(
+    adapter_layers: str | list[int] = _arch(
         "comoe",
         default=COMOE.adapter_layers,
+        renamed_from="layers",
         help="layers whose target linears get experts: all, every_other or indices",
     )
     contrastive_loss_coef: float = _arch(
@@ -161,18 +167,6 @@ class UpcycleOptions:
         if self.dtype not in DTYPES:
             raise UsageError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         self.output = Path(self.output or DEFAULT_OUTPUTS[self.arch])
-
-    @classmethod
-    def from_mapping(cls, values: dict, where: str = "upcycle") -> UpcycleOptions:
-        """Options from a mapping (a training config's `upcycle:` section): an unknown key is a `UsageError`
-        naming the closest valid one."""
-        known = [f.name for f in fields(cls)]
-        for key in values:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise UsageError(f"unknown key {key!r} in {where}{hint} Valid keys: {', '.join(known)}")
-        return cls(**values)
 
     def shared(self, option: str):
         """A moe / comoe option as given, else the default of `arch`."""

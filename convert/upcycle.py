@@ -2,8 +2,8 @@
 
     moe-embed upcycle                                 # bundled all-MiniLM-L6-v2 -> models/mote-minilm
     moe-embed upcycle --base sentence-transformers/all-mpnet-base-v2 --expert-layers all
-    moe-embed upcycle --arch moe --num-experts 8 --experts-per-token 2     # -> models/moe-minilm
-    moe-embed upcycle --arch comoe --num-experts 4 --experts-per-token 2 --rank 16 --lora-alpha 32
+    moe-embed upcycle --arch moe --num-local-experts 8 --num-experts-per-tok 2     # -> models/moe-minilm
+    moe-embed upcycle --arch comoe --num-local-experts 4 --num-experts-per-tok 2 --lora-rank 16 --lora-alpha 32
 
 (`python convert/upcycle.py ...` is the same command.) Every expert starts as a copy of the dense layer it
 replaces (CoMoE: a LoRA expert with B = 0). A MoTE model, a CoMoE model, and a token-routed MoE with

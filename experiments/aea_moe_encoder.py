@@ -42,7 +42,7 @@ from moe_embed.folders import bundled_minilm_path
 from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 logger = logging.getLogger("experiment")
-UPCYCLE = ["--arch", "moe", "--moe-layers", "all", "--num-experts", "8", "--experts-per-token", "2"]
+UPCYCLE = ["--arch", "moe", "--moe-layers", "all", "--num-local-experts", "8", "--num-experts-per-tok", "2"]
 UPCYCLE += ["--norm-topk-prob", "--expert-noise", "0.02"]
 # variant: (allocation, rounding, embedding)
 VARIANTS = {

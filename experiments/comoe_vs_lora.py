@@ -40,8 +40,8 @@ from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 logger = logging.getLogger("experiment")
 VARIANTS = {
-    "lora-r16": {"arch": "lora", "adapter": {"rank": 16, "lora_alpha": 32}},
-    "lora-r66": {"arch": "lora", "adapter": {"rank": 66, "lora_alpha": 132}},
+    "lora-r16": {"arch": "lora", "adapter": {"lora_rank": 16, "lora_alpha": 32}},
+    "lora-r66": {"arch": "lora", "adapter": {"lora_rank": 66, "lora_alpha": 132}},
     "moe-lora": {"arch": "comoe", "adapter": {"contrastive_loss_coef": 0.0}},
     "comoe": {"arch": "comoe", "adapter": {"contrastive_loss_coef": 0.01}},
 }
@@ -116,11 +116,11 @@ def trainable_parameters(variant: str, base: Path) -> int:
 
         config = CoMoeBertConfig(
             **{field: getattr(dense, field) for field in ENCODER_FIELDS if hasattr(dense, field)},
-            num_local_experts=adapter.num_experts,
-            num_experts_per_tok=adapter.experts_per_token,
-            lora_rank=adapter.rank,
+            num_local_experts=adapter.num_local_experts,
+            num_experts_per_tok=adapter.num_experts_per_tok,
+            lora_rank=adapter.lora_rank,
             target_modules=adapter.target_modules,
-            adapter_layers=adapter.layers,
+            adapter_layers=adapter.adapter_layers,
         )
         model = CoMoeBertModel(config)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

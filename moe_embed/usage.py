@@ -13,12 +13,16 @@ convert/<tool>.py`, `python -m moe_embed.training.train`, ...).
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import re
 import sys
+import types
+import typing
 from collections.abc import Callable
 from dataclasses import MISSING, Field, field, fields
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -65,7 +69,8 @@ def option(default=None, *, help: str, required: bool = False, default_factory=M
     """A field of a command's options dataclass that is also its command-line option: `help` is the option's help
     text, `--field-name` its flag; `required=True` gives the field no default (a positional argument with
     `positional=True`, else a required flag); `group` (an argument group's title), `choices`, `type`, `metavar`
-    and `nargs` shape the option where the field's annotation and default do not say enough.
+    and `nargs` shape the option where the field's annotation and default do not say enough; `renamed_from`
+    is the field's former name, which the command line and mappings refuse naming the new one.
     `options_parser` builds the parser from these fields, so each option is declared once."""
     metadata = {"help": help, **argparse_kwargs}
     if required:
@@ -123,7 +128,28 @@ def options_parser(options: type, description: str | None, prog: str | None = No
             elif kind is not bool:
                 kwargs["default"] = default
         target.add_argument(*names, **kwargs)
+        if "renamed_from" in meta:
+            new = names[0]
+            parser.add_argument(
+                f"--{meta['renamed_from'].replace('_', '-')}",
+                nargs="?",
+                help=argparse.SUPPRESS,
+                default=argparse.SUPPRESS,
+                action=_Renamed,
+                new=new,
+            )
     return parser
+
+
+class _Renamed(argparse.Action):
+    """A former flag: an error naming the flag that replaced it."""
+
+    def __init__(self, *args, new: str, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is now {self.new} (the model config's name)")
 
 
 def parse_options(options: type[T], argv: list[str] | None, description: str | None, prog: str | None = None) -> T:
@@ -131,6 +157,95 @@ def parse_options(options: type[T], argv: list[str] | None, description: str | N
     values = vars(parse(options_parser(options, description, prog), argv))
     values.pop("verbose")
     return options(**values)
+
+
+def type_name(kind) -> str:
+    if isinstance(kind, type):
+        return kind.__name__
+    return str(kind).replace("typing.", "")
+
+
+def _convert(value, kind, where: str):
+    """`value` checked against the annotation `kind` (YAML scalars, lists, dicts, nested dataclasses)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        kinds = [a for a in args if a is not type(None)]
+        for inner in kinds:  # the first that takes the value
+            try:
+                return _convert(value, inner, where)
+            except UsageError as error:
+                if len(kinds) == 1:
+                    raise error from None
+        raise UsageError(f"{where} must be a {' or a '.join(type_name(k) for k in kinds)}, got {value!r}")
+    if isinstance(kind, type) and hasattr(kind, "__dataclass_fields__"):
+        return from_mapping(kind, value, where)
+    if origin is list:
+        if not isinstance(value, list):
+            raise UsageError(f"{where} must be a list, got {value!r}")
+        return [_convert(item, args[0], f"{where}[{i}]") for i, item in enumerate(value)]
+    if origin is dict or kind is dict:
+        if not isinstance(value, dict):
+            raise UsageError(f"{where} must be a mapping, got {value!r}")
+        if not args:
+            return dict(value)
+        return {_convert(k, args[0], where): _convert(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise UsageError(f"{where} must be true or false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"{where} must be an integer, got {value!r}")
+        return value
+    if kind is float:
+        # YAML 1.1 reads `2e-5` (no dot) as a string: accept any text that is a number.
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if kind is Path:
+        if not isinstance(value, (str, os.PathLike)):
+            raise UsageError(f"{where} must be a path, got {value!r}")
+        return value
+    if kind is str:
+        if not isinstance(value, str):
+            raise UsageError(f"{where} must be a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config annotation {type_name(kind)} at {where}")
+
+
+def from_mapping(cls, data, where: str = "config"):
+    """Build the options dataclass `cls` from a mapping (a YAML file, a section of one): unknown keys, missing
+    required keys and values of the wrong type are `UsageError`s naming the key; a key the field was renamed
+    from (`option(renamed_from=...)`) names the new one. The one loader of every mapping of options (training's
+    YAML and its `upcycle:` / `adapter:` sections, which are `UpcycleOptions`)."""
+    if not isinstance(data, dict):
+        raise UsageError(f"{where} must be a mapping of {cls.__name__} options, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    renamed = {f.metadata["renamed_from"]: name for name, f in known.items() if "renamed_from" in f.metadata}
+    for key in data:
+        if key in renamed:
+            raise UsageError(f"{where}: {key!r} is now {renamed[key]!r} (the model config's name)")
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"unknown key {key!r} in {where}{hint} Valid keys: {', '.join(known)}")
+    missing = [
+        name for name, f in known.items() if name not in data and f.default is MISSING and f.default_factory is MISSING
+    ]
+    if missing:
+        raise UsageError(f"{where} must define {', '.join(f'`{m}`' for m in missing)}")
+    values = {
+        key: _convert(value, hints[key], f"{where}.{key}" if where != "config" else key) for key, value in data.items()
+    }
+    return cls(**values)
 
 
 def shard_size(value: str) -> str:
@@ -264,6 +379,7 @@ __all__ = [
     "HelpFormatter",
     "UsageError",
     "command_parser",
+    "from_mapping",
     "is_verbose",
     "option",
     "options_parser",
@@ -272,4 +388,5 @@ __all__ = [
     "run_cli",
     "set_verbosity",
     "shard_size",
+    "type_name",
 ]

@@ -36,7 +36,18 @@ def noisy_moe_dir(tmp_path_factory, dense_path) -> str:
     """The tiny model upcycled to the token-routed MoE with expert noise, so that its experts differ."""
     folder = tmp_path_factory.mktemp("moe-noise") / "moe"
     upcycle_main(
-        ["--base", dense_path, "--arch", "moe", "--num-experts", "4", "--expert-noise", "0.05", "--output", str(folder)]
+        [
+            "--base",
+            dense_path,
+            "--arch",
+            "moe",
+            "--num-local-experts",
+            "4",
+            "--expert-noise",
+            "0.05",
+            "--output",
+            str(folder),
+        ]
     )
     return str(folder)
 

@@ -1,5 +1,7 @@
 """moe_embed.cli: bad input ends a script with one line on stderr and exit code 2; bugs keep their traceback."""
 
+import re
+
 import pytest
 
 from moe_embed.usage import UsageError, run_cli
@@ -142,3 +144,24 @@ def test_help_names_no_folder_of_this_repository_s_neighbours(name, capsys):
         main([name, "--help"])
     text = capsys.readouterr().out
     assert "usage: moe-embed" in text and "shared/data" not in text
+
+
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ({"expert_layers": 1.5}, "upcycle.expert_layers must be a str or a list[int], got 1.5"),
+        ({"expert_layers": ["1"]}, "upcycle.expert_layers must be a str or a list[int], got ['1']"),
+        ({"seed": "x"}, "upcycle.seed must be an integer, got 'x'"),
+        ({"num_experts": 3}, "upcycle: 'num_experts' is now 'num_local_experts'"),
+    ],
+)
+def test_the_upcycle_section_is_read_by_the_one_typed_loader(section, message):
+    """`upcycle:` is `UpcycleOptions` read by the same loader as the rest of the YAML: values of the wrong type
+    are refused naming the key and the types it takes (the options' own checks follow)."""
+    from moe_embed.convert.options import UpcycleOptions
+    from moe_embed.usage import UsageError, from_mapping
+
+    read = from_mapping(UpcycleOptions, {"expert_layers": [1, 3], "tasks": {"query": "q: "}}, "upcycle")
+    assert (read.expert_layers, read.tasks) == ([1, 3], {"query": "q: "})
+    with pytest.raises(UsageError, match=re.escape(message)):
+        from_mapping(UpcycleOptions, section, "upcycle")

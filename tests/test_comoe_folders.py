@@ -233,10 +233,10 @@ def test_extract_adapter_says_what_it_wrote(trained_folders, tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--experts-per-token", "5"], "num_experts_per_tok` (5) must lie in 1..num_local_experts (4)"),
-        (["--rank", "0"], "`lora_rank` must be a positive integer, got 0"),
+        (["--num-experts-per-tok", "5"], "num_experts_per_tok` (5) must lie in 1..num_local_experts (4)"),
+        (["--lora-rank", "0"], "`lora_rank` must be a positive integer, got 0"),
         (["--target-modules", "query,ffn"], "unknown target module 'ffn'"),
-        (["--layers", "9"], "adapter_layers` holds layer indices [9] out of range"),
+        (["--adapter-layers", "9"], "adapter_layers` holds layer indices [9] out of range"),
         (["--expert-layers", "all"], "--expert-layers only apply to --arch mote"),
         (["--moe-layers", "all"], "--moe-layers only apply to --arch moe"),
     ],
@@ -249,6 +249,37 @@ def test_upcycle_comoe_bad_options(dense_path, tmp_path, capsys, args, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("--num-experts", "--num-local-experts"),
+        ("--experts-per-token", "--num-experts-per-tok"),
+        ("--rank", "--lora-rank"),
+        ("--layers", "--adapter-layers"),
+    ],
+)
+def test_a_former_flag_names_the_config_name_that_replaced_it(tmp_path, capsys, old, new):
+    """The command line says what the config says (`num_local_experts` is `--num-local-experts`); a flag of
+    the earlier names is refused naming its replacement, before anything is written."""
+    code, err = run_main(upcycle_main, "--arch", "comoe", "--output", str(tmp_path / "o"), old, "4", capsys=capsys)
+    assert code == 2 and f"{old} is now {new} (the model config's name)" in err
+    assert not (tmp_path / "o").exists()
+    help_text = help_text_of(upcycle_main)
+    assert new in help_text and f"{old} " not in help_text  # the former name is not offered
+
+
+def help_text_of(main) -> str:
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.suppress(SystemExit):
+        main(["--help"])
+    return buffer.getvalue()
+
+
 def test_rank_option_of_another_arch_is_refused(tmp_path, capsys):
-    code, err = run_main(upcycle_main, "--arch", "moe", "--output", str(tmp_path / "o"), "--rank", "8", capsys=capsys)
-    assert code == 2 and "--rank only apply to --arch comoe" in err
+    code, err = run_main(
+        upcycle_main, "--arch", "moe", "--output", str(tmp_path / "o"), "--lora-rank", "8", capsys=capsys
+    )
+    assert code == 2 and "--lora-rank only apply to --arch comoe" in err

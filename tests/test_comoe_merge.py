@@ -16,7 +16,7 @@ from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 
 def test_single_expert_merge_equals_the_model_and_needs_no_remote_code(tmp_path, capsys):
     upcycled = tmp_path / "e1"
-    args = ["--arch", "comoe", "--num-experts", "1", "--experts-per-token", "1", "--contrastive-loss-coef", "0"]
+    args = ["--arch", "comoe", "--num-local-experts", "1", "--num-experts-per-tok", "1", "--contrastive-loss-coef", "0"]
     code, err = run_main(upcycle_main, *args, "--output", str(upcycled), capsys=capsys)
     assert code == 0, err
     st = SentenceTransformer(str(upcycled), trust_remote_code=True)

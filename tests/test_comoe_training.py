@@ -83,7 +83,11 @@ def test_comoe_folder_trains_and_saves_adapter_only(tmp_path, comoe_dir, dense_p
 def test_lora_baseline_is_saved_merged_as_a_plain_model(tmp_path, dense_path):
     from transformers import AutoModel, BertModel
 
-    settings = {"model": dense_path, "arch": "lora", "adapter": {"rank": 4, "target_modules": "value,output.dense"}}
+    settings = {
+        "model": dense_path,
+        "arch": "lora",
+        "adapter": {"lora_rank": 4, "target_modules": "value,output.dense"},
+    }
     train_main(["--config", str(_config(tmp_path, **settings))])
     out = tmp_path / "out"
     trained = load_file(str(out / "model.safetensors"))
@@ -104,8 +108,16 @@ def test_lora_baseline_is_saved_merged_as_a_plain_model(tmp_path, dense_path):
     [
         ({"arch": "mixtral"}, "unknown arch 'mixtral'; expected one of mote, moe, comoe, lora"),
         ({"arch": "lora", "save_adapter_only": True}, "save_adapter_only applies to CoMoE"),
-        ({"adapter": {"rank": 0}}, "adapter.rank must be a positive integer"),
-        ({"adapter": {"experts": 3}}, "unknown key 'experts' in adapter; did you mean 'num_experts'?"),
+        ({"adapter": {"lora_rank": 0}}, "adapter.lora_rank must be a positive integer"),
+        (
+            {"adapter": {"local_experts": 3}},
+            "unknown key 'local_experts' in adapter; did you mean 'num_local_experts'?",
+        ),
+        # the names before the config's: each says what it is now
+        ({"adapter": {"rank": 4}}, "adapter: 'rank' is now 'lora_rank'"),
+        ({"adapter": {"layers": "all"}}, "adapter: 'layers' is now 'adapter_layers'"),
+        ({"adapter": {"num_experts": 4}}, "adapter: 'num_experts' is now 'num_local_experts'"),
+        ({"adapter": {"experts_per_token": 1}}, "adapter: 'experts_per_token' is now 'num_experts_per_tok'"),
     ],
 )
 def test_adapter_config_errors(settings, message):

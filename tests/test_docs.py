@@ -190,7 +190,7 @@ def test_documented_commands_parse(page, at_least, monkeypatch, capsys):
 
 def test_the_parse_check_can_fail(monkeypatch, capsys):
     text = (
-        "```bash\nmoe-embed upcycle --arch moe --num-experts 4\n"  # fine
+        "```bash\nmoe-embed upcycle --arch moe --num-local-experts 4\n"  # fine
         "moe-embed upcycle --arch moe --no-such-option 1\n"  # a removed option
         "python -m benchmarks.bench_mote --seq-length 16\n"  # a renamed option (now --seq-lens)
         "cp a b   # not a command of this package\n```\n"

@@ -107,7 +107,7 @@ def aea_dir(dense_path, tmp_path_factory) -> str:
     from moe_embed.convert.upcycle import main as upcycle_main
 
     work = tmp_path_factory.mktemp("aea")
-    moe = ["--base", dense_path, "--arch", "moe", "--num-experts", "4", "--expert-noise", "0.05"]
+    moe = ["--base", dense_path, "--arch", "moe", "--num-local-experts", "4", "--expert-noise", "0.05"]
     upcycle_main([*moe, "--output", str(work / "moe")])
     (work / "texts.txt").write_text("\n".join(TEXTS) + "\n")
     calibrate_main([str(work / "moe"), "--output", str(work / "aea"), "--calibration", str(work / "texts.txt")])

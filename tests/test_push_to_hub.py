@@ -126,7 +126,7 @@ def test_adapter_folder_is_published_naming_a_hub_base(tiny_mote_dir, tmp_path):
     from moe_embed.convert.upcycle import main as upcycle
 
     source = tiny_mote_dir.parent / "tiny-bert"
-    upcycle(["--arch", "comoe", "--base", str(source), "--rank", "4", "--output", str(tmp_path / "comoe")])
+    upcycle(["--arch", "comoe", "--base", str(source), "--lora-rank", "4", "--output", str(tmp_path / "comoe")])
     adapter = extract([str(tmp_path / "comoe"), "--output", str(tmp_path / "adapter")])
     with FakeHub() as hub:
         refused = push(adapter, hub, "--repo-id", "alice/tiny-comoe")

@@ -60,7 +60,7 @@ class RecordingTrainer(TaskAwareTrainer):
         ({"regularizer": {"kind": "ewc"}}, "unknown regularizer.kind 'ewc'; expected one of none, distill, l2"),
         ({"lr_scheduler_type": "cosin"}, "unknown lr_scheduler_type 'cosin'; expected one of linear, cosine"),
         ({"dev": {"tasks": ["stsb-test"]}}, "unknown dev.tasks ['stsb-test']; expected names from stsb-dev"),
-        ({"upcycle": {"num_experts": 2}}, "`upcycle` options apply to arch mote / moe"),
+        ({"upcycle": {"num_local_experts": 2}}, "`upcycle` options apply to arch mote / moe"),
         ({"warmup_ratio": 0.1, "warmup_steps": 3}, "give warmup_steps or warmup_ratio, not both"),
     ],
 )
@@ -74,7 +74,7 @@ def test_unknown_upcycle_option_is_one_line(tmp_path, dense_path, capsys):
     data = {
         "model": dense_path,
         "arch": "moe",
-        "upcycle": {"num_experts": 2, "bogus": 1},
+        "upcycle": {"num_local_experts": 2, "bogus": 1},
         "output_dir": str(tmp_path / "out"),
         "tasks": {"retrieval": [{"path": _pairs(tmp_path / "pairs.jsonl")}]},
     }
@@ -110,7 +110,7 @@ def test_moe_expert_learning_rate_groups_and_schedule(tmp_path, dense_path):
         tmp_path,
         dense_path,
         arch="moe",
-        upcycle={"num_experts": 2, "norm_topk_prob": True},
+        upcycle={"num_local_experts": 2, "norm_topk_prob": True},
         learning_rate=1e-5,
         expert_learning_rate=1e-3,
         lr_scheduler_type="cosine",

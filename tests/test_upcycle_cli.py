@@ -163,7 +163,7 @@ def _copy_source(dense_path: str, target: Path) -> Path:
         ("activation", "Unknown hidden_act 'swishy'"),
         ("output-is-source", "overlaps the input"),
         ("output-inside-source", "overlaps the input"),
-        ("other-arch-flag", "--num-experts only apply to --arch comoe/moe"),
+        ("other-arch-flag", "--num-local-experts only apply to --arch comoe/moe"),
         ("strict-and-default", "pass --default-task or --strict-routing, not both"),
         ("unknown-default", "Unknown task 'legal'"),
         ("strict-on-moe", "--strict-routing only apply to --arch mote"),
@@ -200,7 +200,7 @@ def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage
     elif breakage == "output-inside-source":
         args = ["--base", str(source), "--output", str(source / "sub")]
     elif breakage == "other-arch-flag":
-        args += ["--num-experts", "4"]
+        args += ["--num-local-experts", "4"]
     elif breakage == "strict-and-default":
         args += ["--strict-routing", "--default-task", "query"]
     elif breakage == "unknown-default":
@@ -345,9 +345,9 @@ def test_moe_folder_and_options(moe_dir, tmp_path, capsys, dense_path):
         dense_path,
         "--output",
         str(out),
-        "--num-experts",
+        "--num-local-experts",
         "4",
-        "--experts-per-token",
+        "--num-experts-per-tok",
         "1",
         "--moe-layers",
         "all",
@@ -369,7 +369,7 @@ def test_moe_folder_and_options(moe_dir, tmp_path, capsys, dense_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--experts-per-token", "9"], "num_experts_per_tok` (9) must lie in 1..num_local_experts (8)"),
+        (["--num-experts-per-tok", "9"], "num_experts_per_tok` (9) must lie in 1..num_local_experts (8)"),
         (["--moe-layers", "6"], "moe_layers` holds layer indices [6] out of range"),
         (["--expert-noise", "-1"], "--expert-noise must be >= 0"),
     ],

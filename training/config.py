@@ -8,15 +8,13 @@ an error naming the expected type), and `describe_options` renders the option li
 
 from __future__ import annotations
 
-import difflib
-import types
 import typing
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from moe_embed.modeling.defaults import COMOE
 from moe_embed.training.tasks import TASK_TYPES, task_type
-from moe_embed.usage import UsageError, option
+from moe_embed.usage import UsageError, from_mapping, option, type_name
 
 CURRICULA = ("task_aware", "static")
 ARCHES = ("mote", "moe", "comoe", "lora")
@@ -111,13 +109,21 @@ class LossConfig:
 class AdapterConfig:
     """Adapters trained on a frozen dense `model` (`adapter:`, used with `arch: comoe` or `arch: lora`)."""
 
-    rank: int = _help("LoRA rank r (of every expert for comoe)", COMOE.lora_rank)
+    lora_rank: int = _help("LoRA rank r (of every expert for comoe)", COMOE.lora_rank, renamed_from="rank")
     lora_alpha: float = _help("LoRA alpha: adapters are scaled by alpha / r", COMOE.lora_alpha)
     lora_dropout: float = _help("dropout on the adapters' input", COMOE.lora_dropout)
     target_modules: str = _help("linears that get adapters, matched as peft's target_modules", COMOE.target_modules)
-    layers: str = _help("layers that get adapters: all, every_other or comma-separated indices", COMOE.adapter_layers)
-    num_experts: int = _help("comoe: LoRA experts per linear", COMOE.num_local_experts)
-    experts_per_token: int = _help("comoe: experts each token uses (top-k)", COMOE.num_experts_per_tok)
+    adapter_layers: str = _help(
+        "layers that get adapters: all, every_other or comma-separated indices",
+        COMOE.adapter_layers,
+        renamed_from="layers",
+    )
+    num_local_experts: int = _help(
+        "comoe: LoRA experts per linear", COMOE.num_local_experts, renamed_from="num_experts"
+    )
+    num_experts_per_tok: int = _help(
+        "comoe: experts each token uses (top-k)", COMOE.num_experts_per_tok, renamed_from="experts_per_token"
+    )
     contrastive_loss_coef: float = _help(
         "comoe: weight λ of the contrastive expert loss (0: MoE-LoRA)", COMOE.contrastive_loss_coef
     )
@@ -127,8 +133,8 @@ class AdapterConfig:
     )
 
     def __post_init__(self):
-        if self.rank < 1:
-            raise UsageError(f"adapter.rank must be a positive integer, got {self.rank}")
+        if self.lora_rank < 1:
+            raise UsageError(f"adapter.lora_rank must be a positive integer, got {self.lora_rank}")
 
 
 @dataclass
@@ -290,80 +296,6 @@ class TrainingConfig:
                 raise UsageError(f"{name} must be at least 0, got {getattr(self, name)}")
 
 
-def _type_name(kind) -> str:
-    if isinstance(kind, type):
-        return kind.__name__
-    return str(kind).replace("typing.", "")
-
-
-def _convert(value, kind, where: str):
-    """`value` checked against the annotation `kind` (YAML scalars, lists, dicts, nested dataclasses)."""
-    origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _convert(value, inner, where)
-    if isinstance(kind, type) and hasattr(kind, "__dataclass_fields__"):
-        return from_mapping(kind, value, where)
-    if origin is list:
-        if not isinstance(value, list):
-            raise UsageError(f"{where} must be a list, got {value!r}")
-        return [_convert(item, args[0], f"{where}[{i}]") for i, item in enumerate(value)]
-    if origin is dict or kind is dict:
-        if not isinstance(value, dict):
-            raise UsageError(f"{where} must be a mapping, got {value!r}")
-        if not args:
-            return dict(value)
-        return {_convert(k, args[0], where): _convert(v, args[1], f"{where}.{k}") for k, v in value.items()}
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise UsageError(f"{where} must be true or false, got {value!r}")
-        return value
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise UsageError(f"{where} must be an integer, got {value!r}")
-        return value
-    if kind is float:
-        # YAML 1.1 reads `2e-5` (no dot) as a string: accept any text that is a number.
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UsageError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if kind is str:
-        if not isinstance(value, str):
-            raise UsageError(f"{where} must be a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported config annotation {_type_name(kind)} at {where}")
-
-
-def from_mapping(cls, data, where: str = "config"):
-    """Build the dataclass `cls` from a mapping: unknown keys, missing required keys and values of
-    the wrong type are `UsageError`s naming the key."""
-    if not isinstance(data, dict):
-        raise UsageError(f"{where} must be a mapping of {cls.__name__} options, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
-    for key in data:
-        if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise UsageError(f"unknown key {key!r} in {where}{hint} Valid keys: {', '.join(known)}")
-    missing = [
-        name for name, f in known.items() if name not in data and f.default is MISSING and f.default_factory is MISSING
-    ]
-    if missing:
-        raise UsageError(f"{where} must define {', '.join(f'`{m}`' for m in missing)}")
-    values = {
-        key: _convert(value, hints[key], f"{where}.{key}" if where != "config" else key) for key, value in data.items()
-    }
-    return cls(**values)
-
-
 def load_config(path: Path) -> TrainingConfig:
     """The YAML config at `path` as a `TrainingConfig` (a `UsageError` for anything wrong in it)."""
     import yaml
@@ -389,7 +321,7 @@ def describe_options(cls=TrainingConfig, indent: str = "  ") -> str:
             default = ""
         else:
             default = " (required)"
-        lines.append(f"{indent}{f.name}: {_type_name(hints[f.name])}{default}\n{indent}    {f.metadata['help']}")
+        lines.append(f"{indent}{f.name}: {type_name(hints[f.name])}{default}\n{indent}    {f.metadata['help']}")
         nested = hints[f.name]
         if isinstance(nested, type) and hasattr(nested, "__dataclass_fields__"):
             lines.append(describe_options(nested, indent + "    "))

@@ -164,13 +164,14 @@ def upcycled_source(config: TrainingConfig, base: Path, scratch: Path) -> str:
     from dataclasses import asdict
 
     from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.usage import from_mapping
 
     options = asdict(config.adapter) if config.arch == "comoe" else dict(config.upcycle or {})
     if config.arch != "mote":  # MoTE's upcycling is deterministic: it has no seed
         options.setdefault("seed", config.seed)
     where = "adapter" if config.arch == "comoe" else "upcycle"
     options = {**options, "output": scratch / config.arch, "arch": config.arch, "base": model_source(config, base)}
-    return str(upcycle(UpcycleOptions.from_mapping(options, where)))
+    return str(upcycle(from_mapping(UpcycleOptions, options, where)))
 
 
 def lora_config(adapter: AdapterConfig, num_layers: int):
@@ -182,12 +183,12 @@ def lora_config(adapter: AdapterConfig, num_layers: int):
 
     try:
         targets = resolve_target_modules(adapter.target_modules)
-        layers = resolve_layer_indices(adapter.layers, num_layers, "adapter.layers")
+        layers = resolve_layer_indices(adapter.adapter_layers, num_layers, "adapter.adapter_layers")
     except ValueError as error:
         raise UsageError(str(error)) from None
     pattern = rf"encoder\.layer\.({'|'.join(map(str, layers))})\.({'|'.join(re.escape(t) for t in targets)})"
     return LoraConfig(
-        r=adapter.rank,
+        r=adapter.lora_rank,
         lora_alpha=adapter.lora_alpha,
         lora_dropout=adapter.lora_dropout,
         target_modules=pattern,
