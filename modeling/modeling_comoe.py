@@ -131,8 +131,15 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
     ```
     """
 
-    def __init__(self, config: CoMoeBertConfig):
+    def __init__(self, config: CoMoeBertConfig, adapters_load_later: bool = False):
+        r"""
+        adapters_load_later (`bool`, *optional*): The weights `from_pretrained` is about to load are a base
+            model's (the base of an adapter-only folder), whose lack of adapter tensors is expected rather than
+            reported: they are read next, from the adapter file.
+        """
         super().__init__(config)
+        if adapters_load_later:
+            self._keys_to_ignore_on_load_missing = [rf"{re.escape(suffix)}$" for suffix in ADAPTER_SUFFIXES]
         self.build_encoder(CoMoeLayer, config.adapter_layers)
         self.post_init()
         self.freeze_base()
@@ -275,15 +282,9 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
         base = resolve_base(named, pretrained_model_name_or_path, where)
         base_kwargs = {k: v for k, v in kwargs.items() if k not in ("revision", "subfolder")}  # they locate the adapter
         check_base(config, base, where, {k: v for k, v in hub_kwargs.items() if k in base_kwargs})
-        # The base has no adapter tensors: keep them out of the load report while loading it.
-        own_setting = cls.__dict__.get("_keys_to_ignore_on_load_missing")
-        cls._keys_to_ignore_on_load_missing = [rf"{re.escape(suffix)}$" for suffix in ADAPTER_SUFFIXES]
-        try:
-            model, info = super().from_pretrained(
-                base, *model_args, config=config, output_loading_info=True, **base_kwargs
-            )
-        finally:
-            cls._keys_to_ignore_on_load_missing = own_setting
+        model, info = super().from_pretrained(
+            base, *model_args, config=config, output_loading_info=True, adapters_load_later=True, **base_kwargs
+        )
         missing = sorted(info["missing_keys"])
         if missing:
             raise ValueError(f"the base model {base!r} lacks weights the adapter needs: {missing[:5]}")

@@ -3,12 +3,13 @@ folder loads its base and gives the full folder's outputs, and a wrong base is a
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import TEXTS, randomize_lora_b, run_isolated, run_main
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from sentence_transformers import SentenceTransformer
 
 from moe_embed.convert.extract_adapter import main as extract_main
@@ -103,6 +104,25 @@ def test_the_bundled_base_is_named_by_its_hub_id():
     assert base_name(UpcycleOptions(arch="comoe")) == BUNDLED_MODEL_ID
     assert base_name(UpcycleOptions(arch="comoe", base=bundled_minilm_path())) == BUNDLED_MODEL_ID
     assert base_name(UpcycleOptions(arch="comoe", base="someone/model")) == "someone/model"
+
+
+def test_an_adapter_load_reports_nothing_missing_and_leaves_the_class_alone(trained_folders, tmp_path):
+    """Loading an adapter-only folder loads its base, which lacks the adapter tensors by design: not reported
+    (they come from the adapter file). That is said to this one model at construction, so a full folder that
+    lacks adapter tensors, loaded afterwards, still reports them missing."""
+    from moe_embed.modeling.modeling_comoe import CoMoeBertModel
+
+    full, adapter = trained_folders
+    before = CoMoeBertModel.__dict__.get("_keys_to_ignore_on_load_missing")
+    model, info = CoMoeBertModel.from_pretrained(str(adapter), output_loading_info=True)
+    assert not info["missing_keys"]
+    assert CoMoeBertModel.__dict__.get("_keys_to_ignore_on_load_missing") == before
+    broken = tmp_path / "no-adapters"
+    shutil.copytree(full, broken)
+    weights = load_file(str(broken / "model.safetensors"))
+    save_file({k: v for k, v in weights.items() if ".lora_" not in k}, str(broken / "model.safetensors"))
+    _, info = CoMoeBertModel.from_pretrained(str(broken), output_loading_info=True)
+    assert any(key.endswith(".lora_A") for key in info["missing_keys"])
 
 
 def test_adapter_folder_holds_only_adapters(trained_folders, dense_path):
