@@ -14,11 +14,11 @@ import torch
 from tqdm.auto import tqdm
 
 from moe_embed.convert.cards import HUB_CARDS_DIR, PLACEHOLDER_OWNER, looks_like_hub_id
-from moe_embed.convert.remote_code import write_folder_code
+from moe_embed.convert.folder_writer import write_model_folder
 from moe_embed.files import atomic_output_dir, read_json, write_json
 from moe_embed.modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
 from moe_embed.modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS, ST_MODULES
-from moe_embed.modeling.st_folder import PORTABLE_MODULES, write_model_config
+from moe_embed.modeling.st_folder import PORTABLE_MODULES
 from moe_embed.usage import UsageError
 
 if TYPE_CHECKING:
@@ -192,22 +192,18 @@ def plot(path: Path, homogeneity, layer_top_k, title: str) -> None:
 
 def write_folder(target: Path, model, tokenizer, settings: dict, source_name: str, repo_id: str) -> None:
     """Model weights, tokenizer, `aea_config.json`, the Sentence-Transformers module files and the card."""
-    model.save_pretrained(target)
-    tokenizer.save_pretrained(target)
     write_json(target / "aea_config.json", settings)
-    write_folder_code(target, "aea")
-    # normalised, as every other folder's embeddings are (cosine scores are unchanged; a dot product becomes one)
-    (target / "1_Normalize").mkdir()
-    write_json(
-        target / "modules.json",
-        [
-            {"idx": 0, "name": "0", "path": "", "type": ST_MODULES["aea"]},
-            {"idx": 1, "name": "1", "path": "1_Normalize", "type": PORTABLE_MODULES["Normalize"]},
-        ],
+    write_model_folder(
+        target,
+        model=model,
+        code="aea",
+        tokenizer=tokenizer,
+        input_module=ST_MODULES["aea"],
+        # normalised, as every other folder's embeddings are (cosine scores are unchanged; a dot product becomes one)
+        following_modules=[{"path": "1_Normalize", "type": PORTABLE_MODULES["Normalize"]}],
+        module_settings={"transformer_task": "feature-extraction"},
+        card=lambda folder: render_aea_card(folder, settings, source_name, repo_id),
     )
-    write_json(target / "sentence_bert_config.json", {"transformer_task": "feature-extraction"})
-    write_model_config(target, prompts={})
-    render_aea_card(target, settings, source_name, repo_id)
 
 
 def render_aea_card(target: Path, settings: dict, source_name: str, repo_id: str) -> None:

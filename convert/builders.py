@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,15 +15,14 @@ import torch
 
 from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_card, source_license
 from moe_embed.convert.checkpoint import (
-    copy_tokenizer_files,
     encoder_config_kwargs,
     load_tokenizer,
     map_state_dict,
     parse_dtype,
     read_dense_checkpoint,
 )
+from moe_embed.convert.folder_writer import write_model_folder
 from moe_embed.convert.layout import comoe_adapter_keys, moe_rename, moe_router_key, mote_rename
-from moe_embed.convert.remote_code import write_folder_code
 from moe_embed.convert.task_prefixes import leading_special_tokens, prefix_token_ids
 from moe_embed.files import atomic_output_dir
 from moe_embed.folders import BUNDLED_MODEL_ID, is_bundled
@@ -35,7 +35,6 @@ from moe_embed.modeling.manifest import ST_MODULES
 from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 from moe_embed.modeling.modeling_moe import MoeBertModel
 from moe_embed.modeling.modeling_mote import MoteBertModel
-from moe_embed.modeling.st_folder import write_sentence_transformers_files
 from moe_embed.usage import UsageError
 
 if TYPE_CHECKING:
@@ -242,18 +241,24 @@ def write_upcycled(options: UpcycleOptions, source: Path, output: Path) -> Path:
     bundled = options.base is None or is_bundled(options.base)
     with atomic_output_dir(output, options.overwrite) as tmp:
         model.config.requirements = dict(REQUIREMENTS)  # not a field: saved as it is, kept by later saves
-        model.save_pretrained(tmp, max_shard_size=options.max_shard_size)
         model_type = model.config.model_type
-        write_folder_code(tmp, model_type)  # the model's and the Sentence-Transformers module's code
-        copy_tokenizer_files(source, tmp)
-        write_sentence_transformers_files(source, tmp, ST_MODULES[model_type], upcycled.prompts)
-        render_card(
+        write_model_folder(
             tmp,
-            options.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}",
-            base_model=BUNDLED_MODEL_ID if bundled else options.base,
-            base_is_hub_id=bundled or not Path(options.base).is_dir(),
-            license_id=source_license(source),
-            untrained=True,
+            model=model,
+            max_shard_size=options.max_shard_size,
+            code=model_type,
+            tokenizer_from=source,
+            input_module=ST_MODULES[model_type],
+            modules_from=source,
+            prompts=upcycled.prompts,
+            card=partial(
+                render_card,
+                repo_id=options.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}",
+                base_model=BUNDLED_MODEL_ID if bundled else options.base,
+                base_is_hub_id=bundled or not Path(options.base).is_dir(),
+                license_id=source_license(source),
+                untrained=True,
+            ),
         )
     print(f"wrote {output} ({options.arch}, {options.dtype})")
     return output

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,17 +18,16 @@ from tqdm.auto import tqdm
 from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_card, source_license
 from moe_embed.convert.checkpoint import (
     ENCODER_FIELDS,
-    copy_tokenizer_files,
     load_tokenizer,
     parse_dtype,
     read_state_dict,
 )
+from moe_embed.convert.folder_writer import write_model_folder
 from moe_embed.convert.layout import DENSE_ARCHITECTURES, parse_moe_key, parse_mote_key, position_offset
 from moe_embed.files import atomic_output_dir, read_json
 from moe_embed.folders import ModelFolder
 from moe_embed.modeling.defaults import prompt_key
 from moe_embed.modeling.manifest import FAMILY_TAGS, MERGE_TAGS
-from moe_embed.modeling.st_folder import write_sentence_transformers_files
 from moe_embed.readers import read_texts
 from moe_embed.usage import UsageError
 
@@ -319,22 +319,23 @@ def write_merged(folder: ModelFolder, output: Path, options: MergeOptions) -> Pa
     merged = MERGERS[folder.model_type](folder, options)
     model = dense_model(folder.config, merged.state, parse_dtype(options.dtype) if options.dtype else None)
     with atomic_output_dir(output, options.overwrite) as tmp:
-        model.save_pretrained(tmp, max_shard_size=options.max_shard_size)
-        copy_tokenizer_files(folder.path, tmp)
-        write_sentence_transformers_files(
-            folder.path,
+        write_model_folder(
             tmp,
-            "sentence_transformers.models.Transformer",
-            merged.prompts,
+            model=model,
+            max_shard_size=options.max_shard_size,
+            tokenizer_from=folder.path,
+            input_module="sentence_transformers.models.Transformer",
+            modules_from=folder.path,
+            prompts=merged.prompts,
             default_prompt_name=merged.default_prompt,
-        )
-        render_card(
-            tmp,
-            options.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}",
-            base_model=card_base_model(folder.path),
-            license_id=source_license(folder.path),
-            provenance=merged.provenance,
-            tags=FAMILY_TAGS[folder.model_type][:1] + MERGE_TAGS[merged.kind],
+            card=partial(
+                render_card,
+                repo_id=options.repo_id or f"{PLACEHOLDER_OWNER}/{output.name}",
+                base_model=card_base_model(folder.path),
+                license_id=source_license(folder.path),
+                provenance=merged.provenance,
+                tags=FAMILY_TAGS[folder.model_type][:1] + MERGE_TAGS[merged.kind],
+            ),
         )
     print(f"wrote {output} ({merged.provenance})")
     if folder.model_type == "comoe_bert":

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from moe_embed.convert.folder_writer import write_model_folder
 from moe_embed.convert.onnx_checks import check_export, quantize_checked
 from moe_embed.convert.onnx_graph import GRAPH_FILE, build_graph, export_graph, graph_inputs, output_names, session
 from moe_embed.files import atomic_output_dir, read_json, write_json
 from moe_embed.modeling.st_folder import (
     MODULE_CONFIG_FILE,
     write_portable_module_files,
-    write_sentence_transformers_files,
 )
 
 if TYPE_CHECKING:
@@ -44,9 +44,16 @@ def write_folder_files(source: Path, target: Path, st, input_length: int):
     """Write the files above into `target`; returns the `tokenizers.Tokenizer` a client loads from them."""
     from tokenizers import Tokenizer
 
-    write_json(target / "config.json", serving_config(read_json(source / "config.json")))
     tokenizer = st[0].tokenizer
-    tokenizer.save_pretrained(str(target))
+    write_model_folder(
+        target,
+        config=serving_config(read_json(source / "config.json")),
+        tokenizer=tokenizer,
+        input_module="sentence_transformers.models.Transformer",
+        modules_from=source,
+        prompts=dict(st.prompts or {}),
+        default_prompt_name=st.default_prompt_name,
+    )
     client = Tokenizer.from_file(str(target / "tokenizer.json"))
     client.enable_padding(direction="right", pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
     client.enable_truncation(input_length, direction="right")
@@ -59,13 +66,6 @@ def write_folder_files(source: Path, target: Path, st, input_length: int):
     )
     write_json(target / "tokenizer_config.json", settings)
     write_json(target / "special_tokens_map.json", dict(tokenizer.special_tokens_map))
-    write_sentence_transformers_files(
-        source,
-        target,
-        "sentence_transformers.models.Transformer",
-        dict(st.prompts or {}),
-        st.default_prompt_name,
-    )
     # sentence-transformers' own `Transformer` reads the graph (`backend="onnx"`): its settings in the form every
     # version reads, as the module paths and pooling settings (`write_portable_module_files`)
     do_lower_case = read_json(target / MODULE_CONFIG_FILE).get("do_lower_case", False)

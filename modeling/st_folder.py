@@ -1,9 +1,10 @@
 """The Sentence-Transformers files of a model folder: `modules.json` (this package's input module first,
 then the source's pooling and normalisation modules), the module settings (`sentence_bert_config.json`)
 and the model settings with the prompts (`config_sentence_transformers.json`). One copy, used by the
-converters and by `CoMoeBertModel.save_pretrained(..., adapter_only=True)`.
+folder writer of the converters (`moe_embed.convert.folder_writer`) and by
+`CoMoeBertModel.save_pretrained(..., adapter_only=True)`.
 
-This file is copied into CoMoE folders: it imports only the standard library (and, to record their
+CoMoE folders carry it (inlined into their code): it imports only the standard library (and, to record their
 versions, sentence-transformers, transformers and torch when the model settings are written).
 """
 
@@ -96,22 +97,6 @@ def write_model_config(target, prompts: dict, default_prompt_name: str | None = 
     )
 
 
-def write_sentence_transformers_files(
-    source,
-    target,
-    input_module: str,
-    prompts: dict,
-    default_prompt_name: str | None = None,
-    module_settings: dict | None = None,
-) -> None:
-    """Every Sentence-Transformers file of a converted folder: the modules (`write_modules`, pooling from
-    `source`), the input module's settings (`write_module_config`) and the model settings with `prompts`."""
-    hidden_size = read_json(os.path.join(str(target), "config.json"))["hidden_size"]
-    write_modules(source, target, input_module, hidden_size)
-    write_module_config(source, target, module_settings)
-    write_model_config(target, prompts, default_prompt_name)
-
-
 def write_portable_module_files(folder) -> None:
     """Rewrite a folder saved by sentence-transformers 6 so that 5.x loads it as well: the Pooling and
     Normalize entries of `modules.json` under their 5.x paths and the Pooling settings in the 5.x form.
@@ -141,6 +126,5 @@ __all__ = [
     "write_modules",
     "write_module_config",
     "write_model_config",
-    "write_sentence_transformers_files",
     "write_portable_module_files",
 ]
