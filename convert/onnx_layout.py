@@ -53,7 +53,7 @@ def eager_attention(model):
 def flatten_layer_norms(model: onnx.ModelProto) -> int:
     """Run every last-axis `LayerNormalization` of `model` (in place) on its input viewed as `(-1, hidden)`, and
     view the result back in the input's shape; returns how many were rewritten. One whose input the exporter
-    recorded as `(tokens, hidden)` already (MoTE's experts in a graph) is left as it is."""
+    recorded as `(tokens, hidden)` already is left as it is."""
     initializers = {tensor.name: tensor for tensor in model.graph.initializer}
     ranks = {
         v.name: len(v.type.tensor_type.shape.dim) for v in model.graph.value_info if v.type.HasField("tensor_type")

@@ -40,12 +40,13 @@ class MoteModelOutput(BaseModelOutputWithPooling):
 @dataclass(frozen=True)
 class MoteRouting:
     """Routing of one batch, whose rows are sorted by task: `(expert, start_row, end_row)` for each task present,
-    or, in a traced graph (`segments=None`), the expert index of each (sorted) row and, in an exported graph,
-    how many of the batch's tokens each loaded expert takes (`token_counts`, in the order of `experts`' keys)."""
+    or, in a traced graph (`segments=None`), the expert index of each (sorted) row and, where the trace allows
+    sizes that depend on the data (`torch.export`), how many rows each loaded expert takes (`row_counts`, in the
+    order of `experts`' keys)."""
 
     segments: tuple[tuple[int, int, int], ...] | None
     task_ids: torch.LongTensor | None = None
-    token_counts: list | None = None
+    row_counts: list | None = None
 
 
 class MoteBertExpert(nn.Module):
@@ -73,26 +74,26 @@ class MoteBertLayer(EncoderLayer):
         self.experts = nn.ModuleDict({str(i): MoteBertExpert(config) for i in active_expert_indices(config)})
 
     def feed_forward(self, attention_output: torch.Tensor, routing: MoteRouting):
-        if routing.segments is None and not exporting_program():  # torch.compile: static shapes
-            output = torch.zeros_like(attention_output)
-            task_ids = routing.task_ids.to(attention_output.device)
-            for key, expert in self.experts.items():
-                rows = (task_ids == int(key)).nonzero().squeeze(-1)
-                output = output.index_copy(0, rows, expert(attention_output.index_select(0, rows)))
-            return output, None
-        if routing.segments is None:  # an exported graph: each expert on its run of the sorted batch's tokens
-            # flattened to (tokens, hidden), one `Split` feeds every expert and their LayerNorms need no reshaping
-            # (`convert/onnx_layout.py`): per expert, its own ops and nothing else
-            tokens = attention_output.reshape(-1, attention_output.shape[-1])
-            parts = tokens.split(routing.token_counts)
-            output = torch.cat([expert(part) for expert, part in zip(self.experts.values(), parts, strict=True)])
-            return output.view(attention_output.shape), None
-        if len(routing.segments) == 1:
-            return self.experts[str(routing.segments[0][0])](attention_output), None
-        # One call per task present, each on a contiguous slice of rows (a view, no gather).
-        return torch.cat(
-            [self.experts[str(expert)](attention_output[start:end]) for expert, start, end in routing.segments]
-        ), None
+        """Eager: one call per task present, each on its contiguous run of the task-sorted rows (a view, no
+        gather). In a traced graph: `graph_feed_forward`."""
+        if routing.segments is None:
+            return self.graph_feed_forward(attention_output, routing), None
+        outputs = [self.experts[str(expert)](attention_output[start:end]) for expert, start, end in routing.segments]
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), None
+
+    def graph_feed_forward(self, attention_output: torch.Tensor, routing: MoteRouting) -> torch.Tensor:
+        """The graph-safe path: tensor ops only, every loaded expert in the graph. Where sizes may depend on the
+        data (`row_counts`: `torch.export`), each expert runs on its run of the sorted rows, one `split` feeding
+        them all; under `torch.compile`, whose shapes are static, each expert's rows are gathered and put back."""
+        if routing.row_counts is not None:
+            parts = attention_output.split(routing.row_counts)
+            return torch.cat([expert(part) for expert, part in zip(self.experts.values(), parts, strict=True)])
+        output = torch.zeros_like(attention_output)
+        task_ids = routing.task_ids.to(attention_output.device)
+        for key, expert in self.experts.items():
+            rows = (task_ids == int(key)).nonzero().squeeze(-1)
+            output = output.index_copy(0, rows, expert(attention_output.index_select(0, rows)))
+        return output
 
 
 def active_expert_indices(config: MoteBertConfig) -> list[int]:
@@ -226,7 +227,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
                 attention_mask, strip_positions, prefix = router.hide_prefix(route, attention_mask, offset)
                 position_ids = strip_positions if position_ids is None else position_ids
             if exporting and task is None:
-                routing, order, unrouted = self._graph_routing(ids, reference)
+                routing, order, unrouted = self._graph_routing(ids)
             else:
                 router.check(route)
                 routing, order = self._sorted_routing(ids, batch_size)
@@ -285,28 +286,27 @@ class MoteBertModel(MoteBertPreTrainedModel):
                 start += count
         return MoteRouting(tuple(segments)), order
 
-    def _graph_routing(self, ids: torch.Tensor, reference: torch.Tensor):
+    def _graph_routing(self, ids: torch.Tensor):
         """`(routing, order, unrouted)` by tensor ops only, for a traced graph: the rows sorted by expert as the
         eager path sorts them, and the rows with no loaded expert, which run through the first expert and come out
         NaN."""
         indices = active_expert_indices(self.config)
         unrouted = ~(ids.unsqueeze(1) == torch.tensor(indices, device=ids.device)).any(1)
         experts = ids.masked_fill(unrouted, indices[0])
-        # unique keys, so the sort is stable without a stable sort (which ONNX has not)
+        # unique keys, so the sort is stable without a stable sort (which not every graph format has)
         order = torch.argsort(experts * ids.shape[0] + torch.arange(ids.shape[0], device=ids.device))
-        return MoteRouting(None, experts[order], self._token_counts(experts, indices, reference)), order, unrouted
+        return MoteRouting(None, experts[order], self._row_counts(experts, indices)), order, unrouted
 
     @staticmethod
-    def _token_counts(experts: torch.Tensor, indices: list[int], input_ids: torch.Tensor) -> list | None:
-        """Tokens per loaded expert, for `torch.export` (data-dependent sizes: one `Split` that every expert layer
+    def _row_counts(experts: torch.Tensor, indices: list[int]) -> list | None:
+        """Rows per loaded expert, for `torch.export` (data-dependent sizes: one split that every expert layer
         reads); `None` under `torch.compile` or a tracer, whose shapes are static."""
         if not exporting_program():
             return None
-        rows = (experts.unsqueeze(1) == torch.tensor(indices, device=experts.device)).sum(0)
-        counts = (rows * input_ids.shape[1]).tolist()
+        counts = (experts.unsqueeze(1) == torch.tensor(indices, device=experts.device)).sum(0).tolist()
         for count in counts:
             torch._check(count >= 0)
-        torch._check(sum(counts) == input_ids.shape[0] * input_ids.shape[1])  # every row has one loaded expert
+        torch._check(sum(counts) == experts.shape[0])  # every row has one loaded expert
         return counts
 
     def _check_experts_present(self, experts: list[int]) -> None:

@@ -78,9 +78,9 @@ def test_exported_graphs_avoid_the_slow_kernels(family, mote_onnx, moe_onnx, com
 
 
 def test_routed_mote_graph_splits_each_expert_layer_once(mote_onnx, tmp_path):
-    """MoTE's experts read their runs of the sorted batch from one `Split` per expert layer, flattened to
-    (tokens, hidden): no per-expert `NonZero` + `Gather`, and the experts' LayerNorms need no reshaping; the
-    prompts are read once."""
+    """MoTE's experts read their runs of the sorted batch from one `Split` per expert layer: no per-expert
+    `NonZero` + `Gather`; the experts' LayerNorms are flattened by the layout pass as every other one is (the
+    model itself does no shaping for a runtime); the prompts are read once."""
     expert_layers = read_json(mote_onnx / "config.json")["expert_layers"]
     for file in ("onnx/model.onnx", "onnx/model_qint8_avx512_vnni.onnx"):
         ops = optimized_ops(mote_onnx / file, tmp_path)
@@ -92,7 +92,7 @@ def test_routed_mote_graph_splits_each_expert_layer_once(mote_onnx, tmp_path):
     produced_by = {output: node for node in model.graph.node for output in node.output}
     expert_norms = [n for n in model.graph.node if n.op_type == "LayerNormalization" and ".experts." in n.input[1]]
     assert len(expert_norms) == len(expert_layers) * 4 * 2  # four tasks, two norms per expert
-    assert all(produced_by[n.input[0]].op_type != "Reshape" for n in expert_norms)
+    assert all(produced_by[n.input[0]].op_type == "Reshape" for n in expert_norms)  # `flatten_layer_norms`
 
 
 def test_flattened_layer_norms_compute_the_same(tmp_path):
