@@ -6,7 +6,7 @@ Mixture-of-Experts LLM"), pure functions of the homogeneity scores and the atten
 - between tokens (section 4.2): token `i` of a sequence of `T` real tokens gets `k_i = floor(k_l · T · p_i)`
   experts, `p_i` its share of the strongest attention it receives.
 
-This file is copied into calibrated model folders: it imports only torch.
+Calibrated model folders carry this file inlined into their code: it imports only torch.
 """
 
 import math

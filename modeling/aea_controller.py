@@ -3,7 +3,7 @@ per-token expert counts (`aea_allocation.py`) and stops at the exit layer, witho
 `apply()` installs forward hooks on the routers, experts and attention modules and removes them (and
 restores every router's `top_k`) on exit.
 
-This file is copied into calibrated model folders: it imports only torch and its siblings.
+Calibrated model folders carry this file inlined into their code: it imports only torch and its siblings.
 """
 
 import threading

@@ -1,7 +1,7 @@
 """AEA's calibration: the expert homogeneity of every MoE layer (Yang et al., section 4.1), the mean pairwise
 cosine of all experts' outputs for the final real token of each calibration text.
 
-This file is copied into calibrated model folders: it imports only torch and its siblings.
+Calibrated model folders carry this file inlined into their code: it imports only torch and its siblings.
 """
 
 import torch

@@ -5,7 +5,7 @@ forward and returns `(router_logits, top_k_weights, top_k_index)`, a sibling `ex
 `experts(hidden, top_k_index, top_k_weights)`, and an attention module (`_can_record_outputs["attentions"]`)
 returning `(output, attention_probs)` under eager attention. No model code is forked.
 
-This file is copied into calibrated model folders: it imports only torch.
+Calibrated model folders carry this file inlined into their code: it imports only torch.
 """
 
 from dataclasses import dataclass

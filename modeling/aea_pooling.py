@@ -1,7 +1,7 @@
 """Sentence embeddings of an AEA run: the exit layer's hidden states pooled (last real token or mean), and
 MoEE's embeddings with the routing weights (Li & Zhou, 2025).
 
-This file is copied into calibrated model folders: it imports only torch.
+Calibrated model folders carry this file inlined into their code: it imports only torch.
 """
 
 import torch

@@ -6,7 +6,7 @@ peft cannot load this adapter type (its `PeftType` is closed), and transformers 
 a folder with `adapter_config.json` for a peft adapter; `read_adapter_config` is what tells a CoMoE adapter
 apart, for `CoMoeBertModel.from_pretrained`, `st_comoe.CoMoeTransformer` and the tools.
 
-This file is copied into saved model folders: it imports only the standard library, torch, public
+Saved model folders carry this file inlined into their code: it imports only the standard library, torch, public
 transformers names and its siblings.
 """
 

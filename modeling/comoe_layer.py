@@ -14,14 +14,14 @@ The forward is two matmuls whatever the routing: every expert's rank-r code `A_i
 (`(tokens, E·r)`), then the gated codes times the stacked `B`, added into the base output. In training with
 λ > 0 every pair of experts is compared as well, for the contrastive expert loss.
 
-Which tokens are padding, and where a linear reports its router logits and losses, reach it through a
-context variable that its layer (`modeling_comoe.CoMoeLayer`) sets for the duration of one forward pass:
-nothing is stored on a module, so concurrent forward passes on several threads do not mix.
+Which tokens are padding, and where a linear reports its router logits and losses, reach it as an argument:
+its layer (`modeling_comoe.CoMoeLayer`) makes a `LayerRouting` for each forward pass and the encoder hands it to
+every projection whose linear reads it (`modeling_encoder.project`); nothing is stored on a module, so concurrent
+forward passes on several threads do not mix.
 
-This file is copied into saved model folders: it imports only torch.
+Saved model folders carry this file inlined into their code: it imports only torch.
 """
 
-import contextvars
 from dataclasses import dataclass, field
 
 import torch
@@ -54,14 +54,11 @@ class CoMoeLayerAux:
 
 
 @dataclass(frozen=True)
-class LayerContext:
-    """What a layer hands its CoMoE linears for one forward pass: the routing and where to report."""
+class LayerRouting:
+    """What a layer hands its CoMoE linears for one forward pass: the model's routing and where to report."""
 
     routing: CoMoeRouting | None
     aux: CoMoeLayerAux
-
-
-LAYER_CONTEXT: contextvars.ContextVar = contextvars.ContextVar("comoe_layer_context", default=None)
 
 
 def cosine_from_gram(gram: torch.Tensor) -> torch.Tensor:
@@ -144,7 +141,11 @@ class CoMoeRouter(nn.Module):
 
 
 class CoMoeLinear(nn.Module):
-    """A frozen linear (`weight`, `bias`) plus top-k routed LoRA experts (`lora_A`, `lora_B`, `router`)."""
+    """A frozen linear (`weight`, `bias`) plus top-k routed LoRA experts (`lora_A`, `lora_B`, `router`). Called
+    as `linear(hidden_states, layer_routing)` by its layer (without `layer_routing`, every token is routed and
+    nothing is reported)."""
+
+    takes_routing = True  # `modeling_encoder.project` hands it the layer's `LayerRouting`
 
     def __init__(self, in_features: int, out_features: int, config):
         super().__init__()
@@ -173,10 +174,9 @@ class CoMoeLinear(nn.Module):
         """Every expert's scaled output `(alpha / r) · B_i A_i x`, `(tokens, E, out)`."""
         return torch.einsum("ter,eor->teo", codes, self.lora_B) * self.scaling
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, layer_routing: LayerRouting | None = None) -> torch.Tensor:
         output = nn.functional.linear(hidden_states, self.weight, self.bias)
-        context = LAYER_CONTEXT.get()
-        routing = context.routing if context is not None else None
+        routing = layer_routing.routing if layer_routing is not None else None
         flat = hidden_states.reshape(-1, self.in_features)
         token_index = routing.token_index if routing is not None else None
         if token_index is not None:  # padding tokens are not routed: the base linear alone
@@ -190,12 +190,12 @@ class CoMoeLinear(nn.Module):
         if routing is not None and routing.contrastive:  # every expert compared, for the loss only
             anchor = torch.randint(self.top_k, (flat.shape[0],), device=flat.device)
             similarities = expert_similarities(codes, self.lora_B)
-            context.aux.contrastive_losses.append(
+            layer_routing.aux.contrastive_losses.append(
                 contrastive_expert_loss(similarities, index, anchor, self.tau, self.eps)
             )
-        if context is not None:
-            context.aux.router_logits.append(logits)
-            context.aux.expert_counts.append(torch.bincount(index.reshape(-1), minlength=self.num_experts))
+        if layer_routing is not None:
+            layer_routing.aux.router_logits.append(logits)
+            layer_routing.aux.expert_counts.append(torch.bincount(index.reshape(-1), minlength=self.num_experts))
         # Σ_i gate_i · B_i (A_i x): the gated codes times the stacked B, one matmul added into the output
         gated = (codes * gates.unsqueeze(-1)).flatten(1).to(output.dtype)
         flat_b = self.lora_B.transpose(1, 2).reshape(self.num_experts * self.rank, self.out_features)
@@ -225,8 +225,7 @@ __all__ = [
     "CoMoeLinear",
     "CoMoeRouter",
     "CoMoeRouting",
-    "LAYER_CONTEXT",
-    "LayerContext",
+    "LayerRouting",
     "contrastive_expert_loss",
     "cosine_from_gram",
     "expert_similarities",

@@ -1,5 +1,5 @@
-"""The transformers names that moved between 4.57 and 5.x, resolved once, so that the model code (and
-the folders it is copied into) runs on transformers 4.57+ and 5.x with the same results.
+"""The transformers names that moved between 4.57 and 5.x, resolved once, so that the model code (and the
+folders that carry it) runs on transformers 4.57+ and 5.x with the same results.
 
 On 5.x every name is transformers' own. On 4.x:
 - `ConfigBase` is `PretrainedConfig`, and `DATACLASS_CONFIGS` is false: `EncoderConfig` then gives its
@@ -13,7 +13,7 @@ On 5.x every name is transformers' own. On 4.x:
   `grouped_mm` / `batched_mm` experts backends;
 - `OutputRecorder` comes from `transformers.utils.generic`.
 
-This file is copied into saved model folders: it imports only torch and public transformers names.
+Saved model folders carry this file inlined into their code: it imports only torch and public transformers names.
 """
 
 import torch

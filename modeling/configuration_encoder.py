@@ -1,6 +1,6 @@
 """Configuration shared by every encoder of this package (BERT-compatible fields).
 
-This file is copied into saved model folders, so it imports only the standard library and
+Saved model folders carry this file inlined into their code, so it imports only the standard library and
 public transformers names.
 """
 

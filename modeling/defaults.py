@@ -2,7 +2,7 @@
 
 The config classes take their defaults from here, and so do the command lines (`moe-embed upcycle --help`
 shows them at once) and the tools that choose a MoTE expert per task type (evaluation, training): one
-source per value. This file is copied into saved model folders with the configs that read it.
+source per value. Saved model folders carry this file inlined with the configs that read it.
 """
 
 from dataclasses import dataclass

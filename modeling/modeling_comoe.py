@@ -3,13 +3,13 @@ Parameter-Efficient Fine-tuning") on the shared encoder.
 
 The base encoder is frozen; every target linear of every adapter layer is a `CoMoeLinear`
 (`comoe_layer.py`: top-k routed LoRA experts, the contrastive expert loss, the merge maths). A
-`CoMoeLayer` hands its linears the pass's routing and collects their reports through a context variable
-set for the duration of its own forward (gradient checkpointing, which re-runs it, sets it again); the
-model turns the reports into `aux_loss`, `router_logits` and `expert_counts`. Adapter-only folders
-(`py`) load through `from_pretrained` and are written by `save_pretrained(adapter_only=True)`.
+`CoMoeLayer` hands its linears the pass's routing and a fresh collector of their reports as the layer's
+`routing` argument (the encoder passes it to each projection, `modeling_encoder.project`); the model turns the
+reports into `aux_loss`, `router_logits` and `expert_counts`. Adapter-only folders (`comoe_adapter.py`) load
+through `from_pretrained` and are written by `save_pretrained(adapter_only=True)`.
 
-This file is copied into saved model folders: it imports only torch, public transformers names and
-its siblings.
+Saved model folders carry this file inlined into their code: it imports only torch, public transformers names
+and its siblings.
 """
 
 import math
@@ -34,12 +34,11 @@ from .comoe_adapter import (
 )
 from .comoe_layer import (
     ADAPTER_SUFFIXES,
-    LAYER_CONTEXT,
     CoMoeLayerAux,
     CoMoeLinear,
     CoMoeRouter,
     CoMoeRouting,
-    LayerContext,
+    LayerRouting,
     is_adapter_key,
 )
 from .compat import init
@@ -85,12 +84,8 @@ class CoMoeLayer(EncoderLayer):
             setattr(parent, attribute, CoMoeLinear(dense.in_features, dense.out_features, config))
 
     def forward(self, hidden_states, attention_mask=None, routing=None, **kwargs):
-        aux = CoMoeLayerAux()
-        token = LAYER_CONTEXT.set(LayerContext(routing, aux))
-        try:
-            output, weights, _ = super().forward(hidden_states, attention_mask, routing, **kwargs)
-        finally:
-            LAYER_CONTEXT.reset(token)
+        aux = CoMoeLayerAux()  # this pass's reports, handed with the routing to the layer's CoMoE linears
+        output, weights, _ = super().forward(hidden_states, attention_mask, LayerRouting(routing, aux), **kwargs)
         return output, weights, aux
 
 

@@ -6,7 +6,7 @@ load without renaming except in the layers a model type replaces. A model type p
 layer class for the layers that hold experts (see `EncoderStack`); everything else is written once
 here.
 
-This file is copied into saved model folders: it imports only torch and public transformers names.
+Saved model folders carry this file inlined into their code: it imports only torch and public transformers names.
 """
 
 from collections.abc import Callable
@@ -95,6 +95,13 @@ def eager_attention_forward(
     return output, weights
 
 
+def project(linear: nn.Module, hidden_states: torch.Tensor, routing=None) -> torch.Tensor:
+    """A projection of a layer: `linear(hidden_states)`, or, for a linear that reads the layer's routing
+    (`takes_routing = True`: CoMoE's routed LoRA experts), `linear(hidden_states, routing)`. The routing travels as
+    an argument from the layer to its linears, so concurrent forward passes never share it."""
+    return linear(hidden_states, routing) if getattr(linear, "takes_routing", False) else linear(hidden_states)
+
+
 class EncoderSelfAttention(nn.Module):
     """Multi-head self-attention through transformers' attention interface (sdpa, eager, ...)."""
 
@@ -109,12 +116,12 @@ class EncoderSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, hidden_states, attention_mask=None, **kwargs):
+    def forward(self, hidden_states, attention_mask=None, routing=None, **kwargs):
         batch, seq, _ = hidden_states.shape
         shape = (batch, seq, -1, self.head_dim)
-        query = self.query(hidden_states).view(shape).transpose(1, 2)  # (batch, heads, seq, head_dim)
-        key = self.key(hidden_states).view(shape).transpose(1, 2)
-        value = self.value(hidden_states).view(shape).transpose(1, 2)
+        query = project(self.query, hidden_states, routing).view(shape).transpose(1, 2)  # (batch, heads, seq, dim)
+        key = project(self.key, hidden_states, routing).view(shape).transpose(1, 2)
+        value = project(self.value, hidden_states, routing).view(shape).transpose(1, 2)
         attention: Callable = attention_function(self.config._attn_implementation, eager_attention_forward)
         output, weights = attention(
             self,
@@ -141,8 +148,8 @@ class EncoderSelfOutput(nn.Module):
             self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.with_norm = with_norm
 
-    def forward(self, hidden_states, input_tensor):
-        hidden_states = self.dropout(self.dense(hidden_states)) + input_tensor
+    def forward(self, hidden_states, input_tensor, routing=None):
+        hidden_states = self.dropout(project(self.dense, hidden_states, routing)) + input_tensor
         return self.LayerNorm(hidden_states) if self.with_norm else hidden_states
 
 
@@ -154,9 +161,9 @@ class EncoderAttention(nn.Module):
         self.self = EncoderSelfAttention(config)
         self.output = EncoderSelfOutput(config, with_norm=with_norm)
 
-    def forward(self, hidden_states, attention_mask=None, **kwargs):
-        attended, weights = self.self(hidden_states, attention_mask, **kwargs)
-        return self.output(attended, hidden_states), weights
+    def forward(self, hidden_states, attention_mask=None, routing=None, **kwargs):
+        attended, weights = self.self(hidden_states, attention_mask, routing, **kwargs)
+        return self.output(attended, hidden_states, routing), weights
 
 
 class EncoderIntermediate(nn.Module):
@@ -167,8 +174,8 @@ class EncoderIntermediate(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.intermediate_act_fn = ACT2FN[config.hidden_act]
 
-    def forward(self, hidden_states):
-        return self.intermediate_act_fn(self.dense(hidden_states))
+    def forward(self, hidden_states, routing=None):
+        return self.intermediate_act_fn(project(self.dense, hidden_states, routing))
 
 
 class EncoderOutput(nn.Module):
@@ -180,15 +187,17 @@ class EncoderOutput(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states, input_tensor):
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + input_tensor)
+    def forward(self, hidden_states, input_tensor, routing=None):
+        return self.LayerNorm(self.dropout(project(self.dense, hidden_states, routing)) + input_tensor)
 
 
 class EncoderLayer(GradientCheckpointingLayer):
     """A dense post-LN BERT layer. Expert layers subclass it and override `feed_forward`.
 
     `routing` is whatever the model type computed once per forward pass (MoTE: the row segments of
-    each task; token MoE: which tokens are not padding); dense layers ignore it. `feed_forward`
+    each task; token MoE: which tokens are not padding; CoMoE: which tokens are not padding and where its
+    linears report); dense layers ignore it. It reaches `feed_forward` and, through `project`, every projection
+    of the layer whose linear reads it. `feed_forward`
     returns the layer output and an auxiliary output (token MoE: router logits) or `None`.
     """
 
@@ -207,10 +216,10 @@ class EncoderLayer(GradientCheckpointingLayer):
 
     def feed_forward(self, attention_output: torch.Tensor, routing):
         """Feed-forward block on the attention output `(batch, seq, hidden)`: `(output, aux)`."""
-        return self.output(self.intermediate(attention_output), attention_output), None
+        return self.output(self.intermediate(attention_output, routing), attention_output, routing), None
 
     def forward(self, hidden_states, attention_mask=None, routing=None, **kwargs):
-        attention_output, weights = self.attention(hidden_states, attention_mask, **kwargs)
+        attention_output, weights = self.attention(hidden_states, attention_mask, routing, **kwargs)
         output, aux = self.feed_forward(attention_output, routing)
         return output, weights, aux
 

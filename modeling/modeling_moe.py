@@ -134,7 +134,7 @@ class MoeBertExperts(nn.Module):
         return weighted.sum(dim=1)  # deterministic reduction over the k slots of each token
 
     def graph_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
-        """Graph-safe implementation, used whenever the model is traced (ONNX export, `torch.export`): each
+        """Graph-safe implementation, used whenever the model is traced (`torch.onnx.export`, `torch.export`): each
         expert gathers its `(token, slot)` pairs found by tensor ops and adds its weighted output back, with
         no host sync and no `histc`/sort-out ops, whatever `experts_implementation` says."""
         output = torch.zeros_like(hidden_states)

@@ -1,7 +1,7 @@
 """Auxiliary losses of top-k routers, shared by the token-routed MoE and CoMoE: the Switch Transformer's
 load-balancing loss (Fedus et al., 2022) and ST-MoE's router z-loss (Zoph et al., 2022).
 
-This file is copied into saved model folders: it imports only torch.
+Saved model folders carry this file inlined into their code: it imports only torch.
 """
 
 import torch

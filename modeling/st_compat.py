@@ -3,7 +3,7 @@
 sentence-transformers 6 calls `preprocess(inputs, prompt=..., task=...)` on the input module and saves
 module settings that 5.x does not know (`transformer_task`, `modality_config`, `module_output_name`);
 5.x puts the prompt into the texts itself, calls `tokenize(texts, task=...)`, and its `Transformer`
-takes only its own arguments. This file is copied into saved model folders beside the modules.
+takes only its own arguments. Saved model folders carry this file inlined into their modules.
 
 The sentence-transformers version is told apart here, once; docs/architecture.md, "Versions and shims", lists
 every shim that depends on it (here, in the modules' `tokenize` and in `st_folder.py`) and when each can go.

@@ -230,3 +230,29 @@ def test_installed_the_package_is_one_name():
     assert {name for name, ok in found.items() if ok} == {name for name in found if name.startswith("moe_embed.")}
     main = subprocess.run([sys.executable, "-m", "moe_embed", "--help"], cwd="/", capture_output=True, text=True)
     assert main.returncode == 0 and "calibrate-aea" in main.stdout
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at any depth of its code."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_model_code_passes_data_as_arguments():
+    """No model file hands data to another through a context variable or per-thread state: a CoMoE layer's
+    routing reaches its linears as an argument (`modeling_encoder.project`). The exceptions, knowingly:
+    `st_moe.py` reads the layer stack's auxiliary outputs with a forward hook bound to its own thread, because
+    sentence-transformers' `Transformer.forward` keeps only the token embeddings of the model's output; AEA runs
+    on models it does not own (OLMoE, Qwen-MoE, ...), so it works by hooks, and its two files hold a lock that
+    serialises concurrent calls."""
+    hidden = {
+        path.name: imported_modules(path) & {"contextvars", "threading"}
+        for path in sorted((REPO / "modeling").glob("*.py"))
+    }
+    known = {"st_moe.py": {"threading"}, "aea_controller.py": {"threading"}, "st_aea.py": {"threading"}}
+    assert {name: found for name, found in hidden.items() if found} == known
