@@ -196,14 +196,9 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
         losses = [loss.to(device) for aux in layer_aux for loss in aux.contrastive_losses]
         return torch.stack(losses).mean() if losses else None
 
-    def aux_loss_from_layer_aux(self, layer_aux: tuple[CoMoeLayerAux, ...], device: torch.device) -> torch.Tensor:
-        """The output's `aux_loss` computed from what the layer stack returned (`layer_aux`: each CoMoE
-        layer's report of one forward pass), on `device`:
-        `contrastive_loss_coef · contrastive loss + router_aux_loss_coef · load balancing`, the term a
-        training loss adds. Same meaning as `MoeBertModel.aux_loss_from_layer_aux`."""
-        return self._weighted_aux_loss(self.contrastive_loss(layer_aux, device), layer_aux, device)
-
     def _weighted_aux_loss(self, contrastive: torch.Tensor | None, layer_aux, device) -> torch.Tensor:
+        """The output's `aux_loss`, on `device`: `contrastive_loss_coef · contrastive loss + router_aux_loss_coef ·
+        load balancing` over the layers' reports (`layer_aux`), the term a training loss adds."""
         config = self.config
         total = torch.zeros((), device=device)
         if contrastive is not None:

@@ -302,10 +302,7 @@ class MoeBertModel(MoeBertPreTrainedModel):
     def aux_loss_from_layer_aux(self, router_logits: tuple[torch.Tensor, ...], device: torch.device) -> torch.Tensor:
         """The output's `aux_loss` computed from what the layer stack returned (`layer_aux`: here each MoE
         layer's router logits, `(non-padding tokens, experts)`), on `device`:
-        `router_aux_loss_coef · load balancing + router_z_loss_coef · z-loss`, averaged over the MoE layers.
-
-        `CoMoeBertModel.aux_loss_from_layer_aux` has the same meaning for its layers' reports, so a caller
-        holding a forward pass's `layer_aux` (`st_moe.MoeTransformer`) needs no branch per model type."""
+        `router_aux_loss_coef · load balancing + router_z_loss_coef · z-loss`, averaged over the MoE layers."""
         config = self.config  # with a device map, MoE layers may sit on several devices
         loss = (
             config.router_aux_loss_coef

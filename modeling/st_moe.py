@@ -8,7 +8,7 @@ of the model folder and named in `modules.json` as `st_moe.MoeTransformer`, so i
 `trust_remote_code=True`.
 """
 
-import threading
+import inspect
 
 from .st_compat import Transformer, init_kwargs, output_name, tokenize_texts
 
@@ -42,30 +42,22 @@ class MoeTransformer(Transformer):
         return tokenize_texts(self, texts, padding=padding, **kwargs)
 
     def forward(self, features: dict, **kwargs) -> dict:
-        """`Transformer.forward` (its dispatch and keyword filtering unchanged), plus `aux_loss`.
+        """The model on the features its `forward` takes (keyword arguments override features, as in
+        `Transformer.forward`); its token embeddings (and every layer's, with `output_hidden_states`) and its
+        auxiliary loss go into the features, as the model returned them.
 
-        `Transformer.forward` keeps only the token embeddings of the model output, and calls the
-        model's `forward` method directly (hooks on the model itself do not fire). The layer stack's
-        auxiliary outputs (`layer_aux`: router logits, CoMoE's contrastive losses) are read from the
-        output of the model's layer stack, a submodule, by a forward hook that lives for this call and
-        only accepts calls made on this thread, so concurrent encodes cannot swap their losses; the
-        model's own `aux_loss_from_layer_aux` then turns them into the loss.
-        """
+        `Transformer.forward` keeps only the token embeddings of the model's output, so this module calls the
+        model itself: the model is a text encoder with one `forward`, so the call is the plain one, and the
+        loss travels from the model's output to `features["aux_loss"]`, nowhere else."""
         model = self.auto_model
-        caller = threading.get_ident()
-        layer_aux = []
-
-        def keep_layer_aux(module, args, output):
-            if threading.get_ident() == caller and not layer_aux:
-                layer_aux.append(output.layer_aux)
-
-        handle = model.encoder.register_forward_hook(keep_layer_aux)
-        try:
-            features = super().forward(features, **kwargs)
-        finally:
-            handle.remove()
-        if layer_aux:
-            features["aux_loss"] = model.aux_loss_from_layer_aux(layer_aux[0], features[output_name(self)].device)
+        accepted = inspect.signature(model.forward).parameters
+        inputs = {key: value for key, value in {**features, **kwargs}.items() if key in accepted}
+        output = model(**inputs, return_dict=True)
+        features[output_name(self)] = output.last_hidden_state
+        if output.hidden_states is not None:
+            features["all_layer_embeddings"] = output.hidden_states
+        if output.aux_loss is not None:
+            features["aux_loss"] = output.aux_loss
         return features
 
 

@@ -245,14 +245,13 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_the_model_code_passes_data_as_arguments():
     """No model file hands data to another through a context variable or per-thread state: a CoMoE layer's
-    routing reaches its linears as an argument (`modeling_encoder.project`). The exceptions, knowingly:
-    `st_moe.py` reads the layer stack's auxiliary outputs with a forward hook bound to its own thread, because
-    sentence-transformers' `Transformer.forward` keeps only the token embeddings of the model's output; AEA runs
-    on models it does not own (OLMoE, Qwen-MoE, ...), so it works by hooks, and its two files hold a lock that
-    serialises concurrent calls."""
+    routing reaches its linears as an argument (`modeling_encoder.project`), and the auxiliary loss reaches
+    sentence-transformers' features from the model's output (`st_moe.MoeTransformer.forward`). The exception,
+    knowingly: AEA runs on models it does not own (OLMoE, Qwen-MoE, ...), so it works by hooks, and its two files
+    hold a lock that serialises concurrent calls."""
     hidden = {
         path.name: imported_modules(path) & {"contextvars", "threading"}
         for path in sorted((REPO / "modeling").glob("*.py"))
     }
-    known = {"st_moe.py": {"threading"}, "aea_controller.py": {"threading"}, "st_aea.py": {"threading"}}
+    known = {"aea_controller.py": {"threading"}, "st_aea.py": {"threading"}}
     assert {name: found for name, found in hidden.items() if found} == known

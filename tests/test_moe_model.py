@@ -251,3 +251,20 @@ def test_unnamed_experts_implementation_after_loading(moe_dir):
     assert "experts_implementation" not in json.loads((Path(moe_dir) / "config.json").read_text())
     chosen = MoeBertModel.from_pretrained(moe_dir, experts_implementation="grouped_mm")
     assert chosen.get_experts_implementation()[""] == "grouped_mm"
+
+
+def test_the_module_hands_on_the_models_own_output(moe_dir):
+    """`MoeTransformer.forward` calls the model on the features it takes and copies its output: the token
+    embeddings, every layer's hidden states when asked, and the auxiliary loss, as the model returned them."""
+    st = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
+    st.eval()
+    module, model = st[0], st[0].auto_model
+    randomize_experts(model, seed=3)
+    features = st.preprocess(["a short text", "a somewhat longer text about routing"])
+    inputs = {k: v for k, v in features.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    with torch.no_grad():
+        expected = model(**inputs, output_hidden_states=True)
+        out = module(dict(features), output_hidden_states=True)
+    assert torch.equal(out["token_embeddings"], expected.last_hidden_state)
+    assert torch.equal(out["aux_loss"], expected.aux_loss) and out["aux_loss"] > 0
+    assert len(out["all_layer_embeddings"]) == model.config.num_hidden_layers + 1
