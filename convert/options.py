@@ -8,7 +8,8 @@ bad arguments answer before torch is imported.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import typing
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 from moe_embed.convert.task_prefixes import parse_task_prefixes
@@ -182,6 +183,27 @@ class UpcycleOptions:
         if self.default_task is not None:
             return self.default_task
         return DEFAULT_TASK if DEFAULT_TASK in self.tasks else None
+
+
+def arch_options(arch: str, *, name: str, doc: str, exclude: tuple = (), post_init=None) -> type:
+    """A dataclass of the `UpcycleOptions` fields that apply to `arch`, the same names, types, help and defaults
+    (an option shared with another arch gets `arch`'s default), for another reader of the same options: training's
+    `adapter:` section is `arch_options("comoe", ...)`, so each CoMoE hyper-parameter is declared once, here."""
+    hints = typing.get_type_hints(UpcycleOptions)
+    specs = []
+    for spec in fields(UpcycleOptions):
+        if arch not in spec.metadata.get("arches", ()) or spec.name in exclude:
+            continue
+        metadata = {key: value for key, value in spec.metadata.items() if key not in ("arches", "group")}
+        default = spec.default
+        if spec.name in SHARED_DEFAULTS:
+            default = SHARED_DEFAULTS[spec.name][arch]
+            metadata["help"] = metadata["help"].split(" (default:")[0]
+        specs.append((spec.name, hints[spec.name], field(default=default, metadata=metadata)))
+    namespace = {"__post_init__": post_init} if post_init else {}
+    options = make_dataclass(name, specs, namespace=namespace)
+    options.__doc__ = doc
+    return options
 
 
 @dataclass

@@ -165,3 +165,27 @@ def test_the_upcycle_section_is_read_by_the_one_typed_loader(section, message):
     assert (read.expert_layers, read.tasks) == ([1, 3], {"query": "q: "})
     with pytest.raises(UsageError, match=re.escape(message)):
         from_mapping(UpcycleOptions, section, "upcycle")
+
+
+def test_the_training_adapter_section_is_upcycles_comoe_options():
+    """Training's `adapter:` keys are exactly the options `moe-embed upcycle --help` shows for CoMoE (but the
+    run's `seed`), with the same defaults CoMoE's config gets: one declaration serves both."""
+    from dataclasses import fields
+
+    from moe_embed.convert.options import UpcycleOptions
+    from moe_embed.modeling.configuration_comoe import CoMoeBertConfig
+    from moe_embed.training.config import AdapterConfig
+    from moe_embed.usage import options_parser
+
+    parser = options_parser(UpcycleOptions, None)
+    comoe = {
+        action.dest
+        for group in parser._action_groups
+        if "comoe" in (group.title or "")
+        for action in group._group_actions
+    }
+    assert {f.name for f in fields(AdapterConfig)} == comoe - {"seed"}
+    defaults = AdapterConfig()
+    config = CoMoeBertConfig()
+    for name in ("num_local_experts", "num_experts_per_tok", "lora_rank", "lora_alpha", "contrastive_loss_coef"):
+        assert getattr(defaults, name) == getattr(config, name), name

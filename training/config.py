@@ -12,7 +12,7 @@ import typing
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
-from moe_embed.modeling.defaults import COMOE
+from moe_embed.convert.options import arch_options
 from moe_embed.training.tasks import TASK_TYPES, task_type
 from moe_embed.usage import UsageError, from_mapping, option, type_name
 
@@ -105,36 +105,20 @@ class LossConfig:
             raise UsageError(f"loss.matryoshka_dims must be a list of positive integers, got {self.matryoshka_dims!r}")
 
 
-@dataclass
-class AdapterConfig:
-    """Adapters trained on a frozen dense `model` (`adapter:`, used with `arch: comoe` or `arch: lora`)."""
+def _check_adapter(adapter) -> None:
+    if adapter.lora_rank < 1:
+        raise UsageError(f"adapter.lora_rank must be a positive integer, got {adapter.lora_rank}")
 
-    lora_rank: int = _help("LoRA rank r (of every expert for comoe)", COMOE.lora_rank, renamed_from="rank")
-    lora_alpha: float = _help("LoRA alpha: adapters are scaled by alpha / r", COMOE.lora_alpha)
-    lora_dropout: float = _help("dropout on the adapters' input", COMOE.lora_dropout)
-    target_modules: str = _help("linears that get adapters, matched as peft's target_modules", COMOE.target_modules)
-    adapter_layers: str = _help(
-        "layers that get adapters: all, every_other or comma-separated indices",
-        COMOE.adapter_layers,
-        renamed_from="layers",
-    )
-    num_local_experts: int = _help(
-        "comoe: LoRA experts per linear", COMOE.num_local_experts, renamed_from="num_experts"
-    )
-    num_experts_per_tok: int = _help(
-        "comoe: experts each token uses (top-k)", COMOE.num_experts_per_tok, renamed_from="experts_per_token"
-    )
-    contrastive_loss_coef: float = _help(
-        "comoe: weight λ of the contrastive expert loss (0: MoE-LoRA)", COMOE.contrastive_loss_coef
-    )
-    contrastive_tau: float = _help("comoe: temperature of the contrastive expert loss", COMOE.contrastive_tau)
-    router_aux_loss_coef: float = _help(
-        "comoe: weight of the load-balancing loss (off in the paper)", COMOE.router_aux_loss_coef
-    )
 
-    def __post_init__(self):
-        if self.lora_rank < 1:
-            raise UsageError(f"adapter.lora_rank must be a positive integer, got {self.lora_rank}")
+AdapterConfig = arch_options(
+    "comoe",
+    name="AdapterConfig",
+    doc="Adapters trained on a frozen dense `model` (`adapter:`, used with `arch: comoe` or `arch: lora`): the "
+    "options of `moe-embed upcycle --arch comoe`, declared once in `convert/options.py`; `arch: lora` reads the "
+    "LoRA ones (rank, alpha, dropout, target modules, layers).",
+    exclude=("seed",),  # the run's `seed`
+    post_init=_check_adapter,
+)
 
 
 @dataclass
