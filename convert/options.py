@@ -185,7 +185,7 @@ class UpcycleOptions:
         return DEFAULT_TASK if DEFAULT_TASK in self.tasks else None
 
 
-def arch_options(arch: str, *, name: str, doc: str, exclude: tuple = (), post_init=None) -> type:
+def arch_options(arch: str, *, name: str, module: str, doc: str, exclude: tuple = (), post_init=None) -> type:
     """A dataclass of the `UpcycleOptions` fields that apply to `arch`, the same names, types, help and defaults
     (an option shared with another arch gets `arch`'s default), for another reader of the same options: training's
     `adapter:` section is `arch_options("comoe", ...)`, so each CoMoE hyper-parameter is declared once, here."""
@@ -202,7 +202,7 @@ def arch_options(arch: str, *, name: str, doc: str, exclude: tuple = (), post_in
         specs.append((spec.name, hints[spec.name], field(default=default, metadata=metadata)))
     namespace = {"__post_init__": post_init} if post_init else {}
     options = make_dataclass(name, specs, namespace=namespace)
-    options.__doc__ = doc
+    options.__doc__, options.__module__, options.__qualname__ = doc, module, name  # importable by name: picklable
     return options
 
 

@@ -76,17 +76,23 @@ def write_module_config(source, target, settings: dict | None = None) -> None:
 
 def write_model_config(target, prompts: dict, default_prompt_name: str | None = None) -> None:
     """`config_sentence_transformers.json` in `target`: the prompts, the default prompt, cosine similarity and
-    the versions of the libraries that wrote the folder."""
-    import sentence_transformers
+    the versions of the libraries that wrote the folder (sentence-transformers' where it is installed: the CoMoE
+    model file carries this code, and transformers requires every import of a model file that no `try` guards)."""
     import torch
     import transformers
 
+    try:
+        import sentence_transformers
+
+        writer = sentence_transformers.__version__
+    except ImportError:
+        writer = None
     write_json(
         os.path.join(str(target), MODEL_CONFIG_FILE),
         {
             "model_type": "SentenceTransformer",
             "__version__": {
-                "sentence_transformers": sentence_transformers.__version__,
+                "sentence_transformers": writer,
                 "transformers": transformers.__version__,
                 "pytorch": torch.__version__.split("+")[0],
             },

@@ -50,7 +50,8 @@ class MoeTransformer(Transformer):
         model itself: the model is a text encoder with one `forward`, so the call is the plain one, and the
         loss travels from the model's output to `features["aux_loss"]`, nowhere else."""
         model = self.auto_model
-        accepted = inspect.signature(model.forward).parameters
+        # a peft-wrapped model (`arch: lora` training) takes `**kwargs` and hands them to the model it wraps
+        accepted = inspect.signature(getattr(model, "get_base_model", lambda: model)().forward).parameters
         inputs = {key: value for key, value in {**features, **kwargs}.items() if key in accepted}
         output = model(**inputs, return_dict=True)
         features[output_name(self)] = output.last_hidden_state

@@ -170,6 +170,7 @@ def test_the_upcycle_section_is_read_by_the_one_typed_loader(section, message):
 def test_the_training_adapter_section_is_upcycles_comoe_options():
     """Training's `adapter:` keys are exactly the options `moe-embed upcycle --help` shows for CoMoE (but the
     run's `seed`), with the same defaults CoMoE's config gets: one declaration serves both."""
+    import pickle
     from dataclasses import fields
 
     from moe_embed.convert.options import UpcycleOptions
@@ -186,6 +187,7 @@ def test_the_training_adapter_section_is_upcycles_comoe_options():
     }
     assert {f.name for f in fields(AdapterConfig)} == comoe - {"seed"}
     defaults = AdapterConfig()
+    assert pickle.loads(pickle.dumps(defaults)) == defaults  # a training config travels to launcher processes
     config = CoMoeBertConfig()
     for name in ("num_local_experts", "num_experts_per_tok", "lora_rank", "lora_alpha", "contrastive_loss_coef"):
         assert getattr(defaults, name) == getattr(config, name), name

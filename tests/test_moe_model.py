@@ -268,3 +268,20 @@ def test_the_module_hands_on_the_models_own_output(moe_dir):
     assert torch.equal(out["token_embeddings"], expected.last_hidden_state)
     assert torch.equal(out["aux_loss"], expected.aux_loss) and out["aux_loss"] > 0
     assert len(out["all_layer_embeddings"]) == model.config.num_hidden_layers + 1
+
+
+def test_the_module_reads_a_peft_wrapped_model(moe_dir):
+    """A training run with `arch: lora` wraps the model in peft (`forward(*args, **kwargs)`): the module still
+    hands it the features its base model takes, and the loss still arrives."""
+    from peft import LoraConfig, get_peft_model
+
+    st = SentenceTransformer(moe_dir, trust_remote_code=True, model_kwargs={"experts_implementation": "eager"})
+    st.eval()
+    features = st.preprocess(["a short text", "a somewhat longer text about routing"])
+    with torch.no_grad():
+        plain = st[0](dict(features))
+    st[0].model = get_peft_model(st[0].auto_model, LoraConfig(r=2, target_modules=["query", "value"]))
+    with torch.no_grad():
+        wrapped = st[0](dict(features))  # LoRA B starts at zero: the same function
+    torch.testing.assert_close(wrapped["token_embeddings"], plain["token_embeddings"])
+    torch.testing.assert_close(wrapped["aux_loss"], plain["aux_loss"])

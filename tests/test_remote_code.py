@@ -66,6 +66,21 @@ def test_a_generated_model_file_imports_alone_and_holds_its_config(tmp_path):
     assert result.stdout.splitlines() == [f"{argument} True" for argument in arguments]
 
 
+def test_a_model_file_needs_no_sentence_transformers(tmp_path):
+    """transformers refuses to load a model file while any import it holds (outside a `try`) is missing; the model
+    files must load with transformers alone, the Sentence-Transformers modules need sentence-transformers."""
+    from transformers.dynamic_module_utils import get_imports
+
+    for kind in FOLDER_FILES:
+        folder = tmp_path / kind
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": kind}))
+        for name in write_folder_code(folder, kind):
+            needed = set(get_imports(str(folder / name))) - set(sys.stdlib_module_names)
+            assert ("sentence_transformers" in needed) == name.startswith("st_"), (kind, name, sorted(needed))
+            assert needed <= {"torch", "transformers", "sentence_transformers", "safetensors"}, (name, needed)
+
+
 def test_the_model_code_has_no_import_kept_only_for_copying():
     """The decoy imports (`# noqa: F401`) that made transformers 4.x copy siblings are gone, and ruff's unused
     import rule holds for every model file."""

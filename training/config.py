@@ -113,6 +113,7 @@ def _check_adapter(adapter) -> None:
 AdapterConfig = arch_options(
     "comoe",
     name="AdapterConfig",
+    module=__name__,
     doc="Adapters trained on a frozen dense `model` (`adapter:`, used with `arch: comoe` or `arch: lora`): the "
     "options of `moe-embed upcycle --arch comoe`, declared once in `convert/options.py`; `arch: lora` reads the "
     "LoRA ones (rank, alpha, dropout, target modules, layers).",
