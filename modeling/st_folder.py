@@ -81,21 +81,18 @@ def write_model_config(target, prompts: dict, default_prompt_name: str | None = 
     import torch
     import transformers
 
+    versions = {"transformers": transformers.__version__, "pytorch": torch.__version__.split("+")[0]}
     try:
         import sentence_transformers
 
-        writer = sentence_transformers.__version__
+        versions = {"sentence_transformers": sentence_transformers.__version__, **versions}
     except ImportError:
-        writer = None
+        pass
     write_json(
         os.path.join(str(target), MODEL_CONFIG_FILE),
         {
             "model_type": "SentenceTransformer",
-            "__version__": {
-                "sentence_transformers": writer,
-                "transformers": transformers.__version__,
-                "pytorch": torch.__version__.split("+")[0],
-            },
+            "__version__": versions,
             "prompts": prompts,
             "default_prompt_name": default_prompt_name,
             "similarity_fn_name": "cosine",
