@@ -198,7 +198,7 @@ def arch_options(arch: str, *, name: str, module: str, doc: str, exclude: tuple 
         default = spec.default
         if spec.name in SHARED_DEFAULTS:
             default = SHARED_DEFAULTS[spec.name][arch]
-            metadata["help"] = metadata["help"].split(" (default:")[0]
+            metadata["help"] = metadata["help"].split(" (default:")[0]  # `_shared_help`'s per-arch defaults, gone
         specs.append((spec.name, hints[spec.name], field(default=default, metadata=metadata)))
     namespace = {"__post_init__": post_init} if post_init else {}
     options = make_dataclass(name, specs, namespace=namespace)

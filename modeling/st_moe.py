@@ -8,12 +8,19 @@ of the model folder and named in `modules.json` as `st_moe.MoeTransformer`, so i
 `trust_remote_code=True`.
 """
 
+import functools
 import inspect
 
 from .st_compat import Transformer, init_kwargs, output_name, tokenize_texts
 
 # the tasks sentence-transformers itself names (`encode_query`, `encode_document`): its prompts and lengths
 SENTENCE_TRANSFORMERS_TASKS = ("query", "document")
+
+
+@functools.lru_cache(maxsize=16)
+def forward_parameters(model_class: type) -> frozenset:
+    """The arguments `model_class.forward` takes, read once per class (not once per batch)."""
+    return frozenset(inspect.signature(model_class.forward).parameters)
 
 
 class MoeTransformer(Transformer):
@@ -51,7 +58,7 @@ class MoeTransformer(Transformer):
         loss travels from the model's output to `features["aux_loss"]`, nowhere else."""
         model = self.auto_model
         # a peft-wrapped model (`arch: lora` training) takes `**kwargs` and hands them to the model it wraps
-        accepted = inspect.signature(getattr(model, "get_base_model", lambda: model)().forward).parameters
+        accepted = forward_parameters(type(getattr(model, "get_base_model", lambda: model)()))
         inputs = {key: value for key, value in {**features, **kwargs}.items() if key in accepted}
         output = model(**inputs, return_dict=True)
         features[output_name(self)] = output.last_hidden_state

@@ -141,6 +141,11 @@ def options_parser(options: type, description: str | None, prog: str | None = No
     return parser
 
 
+def renamed_message(old: str, new: str) -> str:
+    """What a former option name says, on the command line and in a mapping alike."""
+    return f"{old} is now {new} (the model config's name)"
+
+
 class _Renamed(argparse.Action):
     """A former flag: an error naming the flag that replaced it."""
 
@@ -149,7 +154,7 @@ class _Renamed(argparse.Action):
         self.new = new
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is now {self.new} (the model config's name)")
+        parser.error(renamed_message(option_string, self.new))
 
 
 def parse_options(options: type[T], argv: list[str] | None, description: str | None, prog: str | None = None) -> T:
@@ -232,7 +237,7 @@ def from_mapping(cls, data, where: str = "config"):
     renamed = {f.metadata["renamed_from"]: name for name, f in known.items() if "renamed_from" in f.metadata}
     for key in data:
         if key in renamed:
-            raise UsageError(f"{where}: {key!r} is now {renamed[key]!r} (the model config's name)")
+            raise UsageError(f"{where}: {renamed_message(repr(key), repr(renamed[key]))}")
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
