@@ -38,42 +38,32 @@ SPLITS = {"AmazonCounterfactualClassification": "test"}
 DEV_SETS = {"stsb-dev": ("STSBenchmark", "validation"), "scifact-train": ("SciFact", "train")}
 
 
-def _custom_tasks() -> dict[str, type]:
-    """The suite's tasks that mteb lacks, on mteb's task classes (built on first use: importing mteb is slow)."""
-    from datasets import Dataset, DatasetDict
-    from mteb.abstasks import AbsTaskClassification
-    from mteb.abstasks.clustering_legacy import AbsTaskClusteringLegacy
+def _describe(name: str, repo: str, kind: str, score: str, splits: list[str], description: str):
+    """mteb's `TaskMetadata` of a suite task that mteb lacks (English text, data from `repo` at its pinned
+    revision)."""
     from mteb.abstasks.task_metadata import TaskMetadata
 
-    def describe(name: str, repo: str, kind: str, score: str, splits: list[str], description: str) -> TaskMetadata:
-        return TaskMetadata(
-            name=name,
-            description=description,
-            dataset={"path": repo, "revision": CATALOGUE[repo].revision or "main"},
-            type=kind,
-            category="t2c",
-            modalities=["text"],
-            eval_splits=splits,
-            eval_langs=["eng-Latn"],
-            main_score=score,
-        )
+    return TaskMetadata(
+        name=name,
+        description=description,
+        dataset={"path": repo, "revision": CATALOGUE[repo].revision or "main"},
+        type=kind,
+        category="t2c",
+        modalities=["text"],
+        eval_splits=splits,
+        eval_langs=["eng-Latn"],
+        main_score=score,
+    )
 
-    class SST2Classification(AbsTaskClassification):
-        samples_per_label = 32
-        input_column_name = "sentence"
-        metadata = describe(
-            "SST2Classification",
-            "stanfordnlp/sst2",
-            "Classification",
-            "accuracy",
-            ["validation"],
-            "Sentence polarity (SST-2): classifiers fit on the phrase-level GLUE train split, scored on the "
-            "validation sentences (the test split's labels are not public).",
-        )
+
+def _one_set_clustering() -> type:
+    """mteb's legacy clustering task (one mini-batch k-means over a set) on a test split's texts as one set,
+    clustered by `label_source`: mteb's legacy protocol reads a row of lists per set."""
+    from datasets import Dataset, DatasetDict
+    from mteb.abstasks.clustering_legacy import AbsTaskClusteringLegacy
 
     class OneSetClustering(AbsTaskClusteringLegacy):
-        """The test split's texts as one set to cluster by `label_source` (mteb's legacy protocol reads a row of
-        lists per set)."""
+        """The test split's texts as one set to cluster by `label_source`."""
 
         label_source = "label"
 
@@ -90,8 +80,30 @@ def _custom_tasks() -> dict[str, type]:
                 }
             )
 
-    class Banking77Clustering(OneSetClustering):
-        metadata = describe(
+    return OneSetClustering
+
+
+def _custom_tasks() -> dict[str, type]:
+    """The suite's tasks that mteb lacks, on mteb's task classes (built on first use: importing mteb is slow)."""
+    from mteb.abstasks import AbsTaskClassification
+
+    class SST2Classification(AbsTaskClassification):
+        samples_per_label = 32
+        input_column_name = "sentence"
+        metadata = _describe(
+            "SST2Classification",
+            "stanfordnlp/sst2",
+            "Classification",
+            "accuracy",
+            ["validation"],
+            "Sentence polarity (SST-2): classifiers fit on the phrase-level GLUE train split, scored on the "
+            "validation sentences (the test split's labels are not public).",
+        )
+
+    one_set_clustering = _one_set_clustering()
+
+    class Banking77Clustering(one_set_clustering):
+        metadata = _describe(
             "Banking77Clustering",
             "mteb/banking77",
             "Clustering",
@@ -100,9 +112,9 @@ def _custom_tasks() -> dict[str, type]:
             "Banking77's test queries clustered by their 77 intents.",
         )
 
-    class TRECClustering(OneSetClustering):
+    class TRECClustering(one_set_clustering):
         label_source = "coarse_label"
-        metadata = describe(
+        metadata = _describe(
             "TRECClustering",
             "CogComp/trec",
             "Clustering",

@@ -61,9 +61,16 @@ def allocate_layers(
             "have homogeneity 1)"
         )
     spendable = min(budget, sum(caps[layer] for layer in kept))
+    target = water_fill(weights, caps, spendable)
+    counts = round_to_budget(target, caps, spendable, homogeneity)
+    layer_top_k = [None if s is None else counts.get(layer, 0) for layer, s in enumerate(homogeneity)]
+    return layer_top_k, budget - spendable
 
-    # Water-filling: share the budget in proportion to the weights, fixing layers at their bounds.
-    target, free = {}, list(kept)
+
+def water_fill(weights: dict, caps: list, spendable: float) -> dict:
+    """Real-valued expert counts of the layers in `weights`, summing to `spendable`: shares in proportion to the
+    weights, a layer whose share falls below 1 or above its cap fixed there and the rest shared again."""
+    target, free = {}, list(weights)
     while free:
         rest = spendable - sum(target.values())
         total = sum(weights[layer] for layer in free)
@@ -76,7 +83,13 @@ def allocate_layers(
         for layer in over or under:
             target[layer] = float(caps[layer]) if over else 1.0
             free.remove(layer)
+    return target
 
+
+def round_to_budget(target: dict, caps: list, spendable: int, homogeneity: list) -> dict:
+    """`target` rounded to nearest within [1, cap], then corrected as in the paper until the counts sum to
+    `spendable`: the layer with the largest residual gains while the sum is short, the smallest loses while over."""
+    kept = sorted(target)  # layer order: ties go to the first layer
     counts = {layer: min(max(math.floor(target[layer] + 0.5), 1), caps[layer]) for layer in kept}
     # equal residuals: the less homogeneous layer gains first and loses last, so k stays monotone in s
     while sum(counts.values()) < spendable:
@@ -85,8 +98,7 @@ def allocate_layers(
     while sum(counts.values()) > spendable:
         layer = min((i for i in kept if counts[i] > 1), key=lambda i: (target[i] - counts[i], -homogeneity[i]))
         counts[layer] -= 1
-    layer_top_k = [None if s is None else counts.get(layer, 0) for layer, s in enumerate(homogeneity)]
-    return layer_top_k, budget - spendable
+    return counts
 
 
 def attention_strength(attention_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
