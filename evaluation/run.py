@@ -15,6 +15,7 @@ Scores are on a 0-100 scale; `--output` writes `{task: {"main_score", "metric", 
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 from dataclasses import dataclass
@@ -35,8 +36,20 @@ def select_tasks(spec: str) -> list[str]:
     names = [name.strip() for name in spec.split(",") if name.strip()]
     unknown = [name for name in names if name not in SUITE]
     if unknown or not names:
-        raise UsageError(f"unknown tasks {unknown or spec!r}; expected comma-separated names from: {', '.join(TASKS)}")
+        hints = [f"{name!r}: did you mean {suggest_task(name)}?" for name in unknown if suggest_task(name)]
+        raise UsageError(
+            f"unknown tasks {unknown or spec!r}"
+            + (f" ({'; '.join(hints)})" if hints else "")
+            + f"; expected comma-separated names from: {', '.join(TASKS)}"
+        )
     return names
+
+
+def suggest_task(name: str) -> str | None:
+    """The suite's task that `name` most likely means: the same name in another case, else the closest spelling."""
+    folded = {task.casefold(): task for task in TASKS}
+    close = difflib.get_close_matches(name.casefold(), list(folded), n=1)  # the same name in any case first
+    return folded[close[0]] if close else None
 
 
 def load_tasks(names: list[str], data_dir: str | None = None) -> dict:

@@ -92,15 +92,24 @@ class MoteBertConfig(EncoderConfig):
         return self.tasks.index(self.default_task) if self.default_task is not None else -1
 
     def task_index(self, name: str) -> int:
-        """Index of the expert serving task `name` (a task name or an alias).
+        """Index of the expert serving task `name`: a task name or an alias, in any case where that names one
+        expert (`"Classification"`, mteb's spelling, is the task `"classification"`).
 
         Raises:
-            ValueError: naming the valid tasks, aliases and prefixes when `name` is unknown.
+            ValueError: naming the valid tasks, aliases and prefixes when `name` is unknown or, compared without
+                case, names several experts.
         """
         if name in self.tasks:
             return self.tasks.index(name)
         if name in self.task_aliases:
             return self.tasks.index(self.task_aliases[name])
+        folded = str(name).casefold()
+        names = {task: task for task in self.tasks} | {alias: task for alias, task in self.task_aliases.items()}
+        found = {task for spelling, task in names.items() if spelling.casefold() == folded}
+        if len(found) == 1:
+            return self.tasks.index(found.pop())
+        if found:
+            raise ValueError(f"Task {name!r} is ambiguous: it names the tasks {sorted(found)} in another case")
         raise ValueError(f"Unknown task {name!r}. {self.describe_tasks()}")
 
     def describe_tasks(self) -> str:

@@ -49,17 +49,23 @@ MTEB_TASK_TYPES = {
 
 
 def prompt_key(task: str) -> str:
-    """The prompt name of a task in a saved folder: mteb's task type where the task is one (`classification` ->
-    `Classification`, `clustering` -> `Clustering`), else the task's name. mteb checks every prompt name of a
-    model it evaluates against its task types, prompt types (`query`, `document`) and task names, and prints
-    pages of warnings for any other; `encode(..., task=name)` still takes the task's own name."""
+    """mteb's spelling of a task's prompt name: mteb's task type where the task is one (`classification` ->
+    `Classification`, `clustering` -> `Clustering`), else the task's name. mteb looks prompts up by its task
+    types, prompt types (`query`, `document`) and task names, so this is the name through which mteb reaches the
+    task's expert; a folder also names each prompt by the task's own name (`sentence_transformers_prompts`)."""
     return next((key for key in MTEB_TASK_TYPES if key.lower() == task.lower()), task)
 
 
 def sentence_transformers_prompts(task_prefixes: dict[str, str]) -> dict[str, str]:
-    """The prompts of a saved MoTE folder: each task's prefix under its prompt name (`prompt_key`), and mteb's
-    task types (`MTEB_TASK_TYPES`), each type the prefix of its expert: every name one that mteb accepts."""
-    prompts = {prompt_key(task): prefix for task, prefix in task_prefixes.items()}
+    """The prompts of a saved MoTE folder: each task's prefix under the task's own name and under its prompt name
+    (`prompt_key`), and mteb's task types (`MTEB_TASK_TYPES`), each type the prefix of its expert. So
+    `encode(texts, prompt_name=...)` takes a task's name in either spelling (sentence-transformers looks prompt
+    names up as they are written); at each evaluation mteb warns about the names that are not its own and
+    leaves them out (`moe-embed evaluate` keeps its warnings for `--verbose`)."""
+    prompts = {}
+    for task, prefix in task_prefixes.items():
+        prompts[prompt_key(task)] = prefix
+        prompts.setdefault(task, prefix)
     for mteb_type, task_type in MTEB_TASK_TYPES.items():
         expert = TASK_TYPE_EXPERTS[task_type]
         if expert in task_prefixes:

@@ -32,7 +32,7 @@ class MoeTransformer(Transformer):
         super().__init__(*args, **init_kwargs(kwargs))
 
     def check_task(self, task) -> None:
-        if task is not None and task not in SENTENCE_TRANSFORMERS_TASKS:
+        if task is not None and str(task).casefold() not in SENTENCE_TRANSFORMERS_TASKS:
             raise ValueError(
                 f"task={task!r}: this {self.auto_model.config.model_type} model routes each token itself and has no "
                 f"task experts to pick; pass a prompt instead (prompt_name=..., or prompt='...'), or no task "

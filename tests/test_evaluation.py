@@ -61,6 +61,16 @@ def test_cli_writes_results_and_refuses_bad_input(dense_path, tmp_path, capsys):
     assert exit_.value.code == 2 and "mteb/sickr-sts" in err and "moe-embed data download" in err
 
 
+def test_a_task_in_another_spelling_gets_a_did_you_mean_before_any_model_loads(tmp_path, capsys):
+    """`--tasks stsbenchmark` names the suite's `STSBenchmark` in one line, exit 2; the model (here a folder that
+    does not exist) is not looked at."""
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(run_main, [str(tmp_path / "no-model"), "--tasks", "stsbenchmark,Banking77Clustering,scifac"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and "\n" not in err
+    assert "'stsbenchmark': did you mean STSBenchmark?" in err and "'scifac': did you mean SciFact?" in err
+
+
 @pytest.mark.slow
 @requires_shared_data
 def test_mteb_reproduces_the_documented_minilm_score_on_the_real_data(minilm_path, shared_hub_copies, tmp_path):

@@ -142,6 +142,18 @@ def test_config_validation_errors():
     assert tiny_mote_config(expert_layers="0,2").expert_layers == [0, 2]
 
 
+def test_task_names_resolve_in_any_case_where_they_name_one_expert():
+    config = tiny_mote_config()
+    assert [config.task_index(name) for name in ("Classification", "CLUSTERING", "Passage", "STS")] == [2, 3, 1, 2]
+    assert tiny_mote_config(default_task="Clustering").default_task == "clustering"
+    cased = tiny_mote_config(
+        tasks=["Legal", "LEGAL"], task_prefixes={"Legal": "l: ", "LEGAL": "L: "}, task_prefix_ids=None
+    )
+    assert (cased.task_index("Legal"), cased.task_index("LEGAL")) == (0, 1)  # the exact spelling first
+    with pytest.raises(ValueError, match=r"Task 'legal' is ambiguous: it names the tasks \['LEGAL', 'Legal'\]"):
+        cased.task_index("legal")
+
+
 def test_eager_and_sdpa_agree(tokenizer):
     config = tiny_mote_config()
     model = MoteBertModel(config).eval()

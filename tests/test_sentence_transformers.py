@@ -15,6 +15,9 @@ PROMPTS = {
     "MultilabelClassification": "classification: ",
     "Summarization": "classification: ",
     "Clustering": "clustering: ",
+    # every task's own name, so that `prompt_name=` takes the task's name as `task=` does
+    "classification": "classification: ",
+    "clustering": "clustering: ",
 }
 
 
@@ -93,6 +96,17 @@ def test_each_entry_point_routes_to_its_expert(st_mote_specialised):
         document, model.encode(TEXTS, prompt_name="document", task="document", convert_to_tensor=True)
     )
     assert not torch.allclose(query, document, atol=1e-3)
+
+
+def test_task_and_prompt_names_in_either_spelling(st_mote_specialised):
+    """A task's own name (`classification`) and mteb's spelling of it (`Classification`) are both prompt names
+    and both task names: a user need not know which spelling a call wants."""
+    model = st_mote_specialised
+    for task, mteb_name in (("classification", "Classification"), ("clustering", "Clustering"), ("query", "QUERY")):
+        if mteb_name in model.prompts:
+            assert _routed_by(model, TEXTS, task) == _routed_by(model, TEXTS, mteb_name) == [task]
+        by_name = model.encode(TEXTS, task=task, convert_to_tensor=True)
+        assert torch.equal(model.encode(TEXTS, task=mteb_name, convert_to_tensor=True), by_name)
 
 
 def test_task_without_prefix_option(mote_dir):
