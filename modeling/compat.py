@@ -9,8 +9,8 @@ On 5.x every name is transformers' own. On 4.x:
 - `attention_function` looks the backend up in `ALL_ATTENTION_FUNCTIONS` (eager is ours);
 - `init` is `torch.nn.init` (5.x's `transformers.initialization` adds only bookkeeping of which
   tensors were initialised);
-- `use_experts_implementation` leaves the experts class as it is (its eager forward); 4.x has no
-  `grouped_mm` / `batched_mm` experts backends;
+- `use_experts_implementation` leaves the experts class as it is (its eager forward), and
+  `ALL_EXPERTS_FUNCTIONS` (5.x's table of experts backends) is `None`: 4.x has no `grouped_mm` / `batched_mm`;
 - `OutputRecorder` comes from `transformers.utils.generic`.
 
 Saved model folders carry this file inlined into their code: it imports only torch and public transformers names.
@@ -35,7 +35,9 @@ except ImportError:
 
 try:
     from transformers.integrations import use_experts_implementation
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 except ImportError:
+    ALL_EXPERTS_FUNCTIONS = None
 
     def use_experts_implementation(cls=None, **_):
         """transformers 4.x has no experts backends: the class keeps its own (eager) forward."""
@@ -101,6 +103,7 @@ __all__ = [
     "DATACLASS_CONFIGS",
     "init",
     "use_experts_implementation",
+    "ALL_EXPERTS_FUNCTIONS",
     "OutputRecorder",
     "create_bidirectional_mask",
     "attention_function",

@@ -6,15 +6,14 @@ Every `config.moe_layers` layer replaces BERT's feed-forward block (`intermediat
 top-`num_experts_per_tok` experts by softmax router probability. The attention-output and output
 LayerNorms stay shared. Experts are stacked 3-D parameters so that transformers' experts
 implementations (`experts_implementation="grouped_mm"` / `"batched_mm"`) apply; `"eager"` is the
-loop in `MoeBertExperts.forward`, correct on any torch. When the caller names none, the model runs the
-fastest one measured for the device of its inputs (`FASTEST_EXPERTS`): `model.get_experts_implementation()`
-shows the one in use, and a debug-level log line says when it is chosen.
+loop in `MoeBertExperts.forward`, correct on any torch. When the caller names none, each call runs the
+fastest one measured for the device of its inputs (`FASTEST_EXPERTS`), chosen where the experts are called and
+written nowhere: `model.get_experts_implementation()` shows the one for the device the model sits on.
 
 The model returns the Switch-style load-balancing loss (and optionally the router z-loss, both in
 `router_losses.py`) as `aux_loss`; add it to the training loss (see `training/losses.py`).
 """
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,18 +21,38 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from .compat import OutputRecorder, init, is_exporting, use_experts_implementation
+from .compat import ALL_EXPERTS_FUNCTIONS, OutputRecorder, init, is_exporting, use_experts_implementation
 from .configuration_moe import MoeBertConfig
 from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention
 from .router_losses import load_balancing_loss, router_z_loss
-
-logger = logging.getLogger(__name__)
 
 # The experts implementation a model runs when the caller names none, per device type: on CPU the eager loop,
 # the fastest at every batch and length of `benchmarks/bench_moe.py` (docs/benchmarks.md); elsewhere
 # transformers' own default, `grouped_mm`.
 FASTEST_EXPERTS = {"cpu": "eager"}
 DEFAULT_EXPERTS = "grouped_mm"
+
+
+def fastest_experts(device: torch.device) -> str:
+    """The experts implementation run on `device` when the caller names none."""
+    return FASTEST_EXPERTS.get(torch.device(device).type, DEFAULT_EXPERTS)
+
+
+class MoeBertExpertsInterface:
+    """Where `MoeBertExperts` finds the function it runs, given the config's `experts_implementation`: a named one
+    in transformers' table (`ALL_EXPERTS_FUNCTIONS`, as every transformers MoE), none named (`None`) the fastest
+    for the device of each call's inputs. The choice is made per call from the call's own inputs, so nothing is
+    written while a batch runs and a model split over devices (`device_map`) runs each layer's fastest."""
+
+    def get_interface(self, implementation: str | None, eager):
+        if implementation is not None:
+            return ALL_EXPERTS_FUNCTIONS.get_interface(implementation, eager)
+
+        def fastest(experts, hidden_states, *args, **kwargs):
+            chosen = ALL_EXPERTS_FUNCTIONS.get_interface(fastest_experts(hidden_states.device), eager)
+            return chosen(experts, hidden_states, *args, **kwargs)
+
+        return fastest
 
 
 @dataclass
@@ -88,7 +107,7 @@ class MoeBertRouter(nn.Module):
         return router_logits, weights, selected
 
 
-@use_experts_implementation(has_gate=False, has_bias=True)
+@use_experts_implementation(has_gate=False, has_bias=True, experts_interface=MoeBertExpertsInterface())
 class MoeBertExperts(nn.Module):
     """`num_local_experts` BERT feed-forward blocks stored as stacked parameters.
 
@@ -207,23 +226,21 @@ class MoeBertPreTrainedModel(EncoderPreTrainedModel):
         "attentions": OutputRecorder(EncoderSelfAttention, index=1),
     }
 
-    def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
+    def get_correct_experts_implementation(self, requested_experts: str | None) -> str | None:
         """transformers 5.x asks this at construction and on `set_experts_implementation`: a named
-        implementation is checked by transformers and kept; none named means "the fastest for the device",
-        which `use_fastest_experts` settles at each forward from the inputs' device (eager until then)."""
-        self._experts_chosen = requested_experts is not None
-        if not self._experts_chosen:
-            return "eager"
+        implementation is checked by transformers and kept; none named stays `None` in the config, which
+        `MoeBertExpertsInterface` reads as "the fastest for the device of the inputs", call by call."""
+        if requested_experts is None:
+            return None
         return super().get_correct_experts_implementation(requested_experts)
 
-    def use_fastest_experts(self, device: torch.device) -> None:
-        """Unless the caller chose an experts implementation, switch to the fastest one for `device`."""
-        if getattr(self, "_experts_chosen", True):  # chosen, or transformers 4.x (no implementations)
-            return
-        fastest = FASTEST_EXPERTS.get(device.type, DEFAULT_EXPERTS)
-        if self.config._experts_implementation != fastest:
-            self.config._experts_implementation = fastest
-            logger.debug("experts implementation %r for %s (none was named)", fastest, device.type)
+    def get_experts_implementation(self) -> dict[str, str | None]:
+        """transformers' answer, with the implementation this model runs where none was named: the fastest for
+        the device its parameters sit on (a model moved to another device runs that device's)."""
+        found = super().get_experts_implementation()
+        if found.get("") is None:
+            found[""] = fastest_experts(self.device)
+        return found
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -273,7 +290,6 @@ class MoeBertModel(MoeBertPreTrainedModel):
         return_dict (`bool`, *optional*): `False` returns a tuple instead of a `MoeBertModelOutput`.
         """
         attention_mask, token_index = self.real_token_index(input_ids, inputs_embeds, attention_mask)
-        self.use_fastest_experts((input_ids if input_ids is not None else inputs_embeds).device)
         backbone = self.forward_backbone(
             input_ids,
             attention_mask,
@@ -318,6 +334,8 @@ class MoeBertModel(MoeBertPreTrainedModel):
 
 __all__ = [
     "FASTEST_EXPERTS",
+    "fastest_experts",
+    "MoeBertExpertsInterface",
     "MoeBertModel",
     "MoeBertPreTrainedModel",
     "MoeBertLayer",

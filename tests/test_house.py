@@ -255,3 +255,110 @@ def test_the_model_code_passes_data_as_arguments():
     }
     known = {"aea_controller.py": {"threading"}, "st_aea.py": {"threading"}}
     assert {name: found for name, found in hidden.items() if found} == known
+
+
+def _names_a_config(node: ast.AST) -> bool:
+    """Whether an expression is a config: `config`, `self.config`, `model.config`, `sub_config`, ..."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return "config" in name.lower()
+
+
+def _config_writes(function: ast.AST) -> list[int]:
+    """Lines of `function` that assign to an attribute of a config (`config.x = `, `self.config.x += `,
+    `setattr(config, ...)`)."""
+    lines = []
+    for node in ast.walk(function):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            for leaf in ast.walk(target):  # unpacks tuples: `config.a, x = ...`
+                if isinstance(leaf, ast.Attribute) and isinstance(leaf.ctx, ast.Store) and _names_a_config(leaf.value):
+                    lines.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr"):
+            if node.args and _names_a_config(node.args[0]):
+                lines.append(node.lineno)
+    return lines
+
+
+def forward_config_writes(files: dict[str, str]) -> list[str]:
+    """`path:line Class.method` wherever a `forward` of model code, or a method of its class (or of a base class
+    in `files`) that it calls as `self.method(...)`, at any depth, assigns to an attribute of a config."""
+    classes = {}
+    for path, source in files.items():
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.ClassDef):
+                methods = {f.name: f for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                bases = [b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases]
+                classes[node.name] = (path, methods, bases)
+
+    def find(class_name: str, method: str):
+        """`(path, class, function)` of `method` as `class_name` resolves it, through its bases in `files`."""
+        if class_name not in classes:
+            return None
+        path, methods, bases = classes[class_name]
+        if method in methods:
+            return path, class_name, methods[method]
+        return next((found for base in bases if (found := find(base, method))), None)
+
+    problems = set()
+    for class_name, (_, methods, _) in classes.items():
+        if "forward" not in methods:
+            continue
+        todo, seen = [find(class_name, "forward")], set()
+        while todo:
+            path, owner, function = todo.pop()
+            if (owner, function.name) in seen:
+                continue
+            seen.add((owner, function.name))
+            problems |= {f"{path}:{line} {owner}.{function.name}" for line in _config_writes(function)}
+            for call in ast.walk(function):
+                if (
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and isinstance(call.func.value, ast.Name)
+                    and call.func.value.id == "self"
+                    and (found := find(class_name, call.func.attr))
+                ):
+                    todo.append(found)
+    return sorted(problems)
+
+
+def test_no_forward_of_the_model_code_writes_to_a_config():
+    """A config is shared by every thread that runs the model (and by the models built from one config object):
+    nothing a forward pass runs assigns to it. A choice made per call travels as an argument or is read from the
+    call's own inputs."""
+    files = {path: source for path, source in repository_sources().items() if path.startswith("modeling/")}
+    assert len(files) >= 20  # the walk found the model code
+    assert forward_config_writes(files) == []
+
+
+def test_the_config_write_check_can_fail():
+    files = {
+        "modeling/a.py": (
+            "class Base:\n"
+            "    def choose(self, device):\n"
+            "        if device:\n"
+            "            self.config._experts_implementation = 'eager'\n"
+            "class Model(Base):\n"
+            "    def forward(self, x):\n"
+            "        self.choose(x.device)\n"
+            "        return self.helper(x)\n"
+            "    def helper(self, x):\n"
+            "        config = self.config\n"
+            "        config.output_hidden_states, y = True, x\n"
+            "        setattr(self.config, 'use_cache', False)\n"
+            "        return y\n"
+            "    def __init__(self, config):\n"
+            "        config.active_tasks = None\n"  # building a model may settle its config
+        ),
+        "modeling/b.py": "class Layer:\n    def forward(self, x):\n        self.config.count += 1\n",
+    }
+    assert forward_config_writes(files) == [
+        "modeling/a.py:11 Model.helper",
+        "modeling/a.py:12 Model.helper",
+        "modeling/a.py:4 Base.choose",
+        "modeling/b.py:3 Layer.forward",
+    ]

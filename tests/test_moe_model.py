@@ -222,26 +222,40 @@ def test_router_is_fp32_under_autocast_and_all_padding_gives_zero_aux_loss():
     assert empty.aux_loss.item() == 0.0
 
 
-def test_unnamed_experts_implementation_follows_the_device(caplog):
-    """No implementation named: the fastest measured for the inputs' device, visible in the config and logged
-    at debug level; a named one is never replaced."""
-    from moe_embed.modeling.modeling_moe import DEFAULT_EXPERTS, FASTEST_EXPERTS
+def test_unnamed_experts_implementation_follows_the_device(monkeypatch):
+    """No implementation named: each call runs the fastest measured for its inputs' device, chosen where the
+    experts are called and written nowhere (the config keeps `None` through a forward); the model names the one
+    for its device; a named one is never replaced."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
 
+    from moe_embed.modeling import modeling_moe
+
+    assert modeling_moe.fastest_experts(torch.device("cuda")) == modeling_moe.DEFAULT_EXPERTS != "eager"
+    assert modeling_moe.fastest_experts(torch.device("cpu")) == "eager"
     torch.manual_seed(0)
     model = MoeBertModel(tiny_moe_config()).eval()
     ids, mask = _random_batch()
-    model.use_fastest_experts(torch.device("cuda"))  # as a forward on a GPU would (no GPU needed)
-    assert model.get_experts_implementation()[""] == FASTEST_EXPERTS.get("cuda", DEFAULT_EXPERTS) != "eager"
-    with caplog.at_level("DEBUG", logger="moe_embed.modeling.modeling_moe"), torch.no_grad():
-        model(input_ids=ids, attention_mask=mask)
-    assert model.get_experts_implementation()[""] == FASTEST_EXPERTS["cpu"] == "eager"
-    assert any("experts implementation 'eager' for cpu" in r.getMessage() for r in caplog.records)
+    with torch.no_grad():
+        eager = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    ran = []
+
+    def recording(experts, hidden_states, *args):  # stands for the fastest on this device: batched_mm's result
+        ran.append(hidden_states.device.type)
+        return ALL_EXPERTS_FUNCTIONS["batched_mm"](experts, hidden_states, *args)
+
+    monkeypatch.setitem(ExpertsInterface._global_mapping, "recording", recording)
+    monkeypatch.setitem(modeling_moe.FASTEST_EXPERTS, "cpu", "recording")
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert ran == ["cpu"] * len(model.config.moe_layers) and torch.allclose(out, eager, atol=1e-5)
+    assert model.config._experts_implementation is None
+    assert model.get_experts_implementation()[""] == "recording"
     named = MoeBertModel(tiny_moe_config(experts_implementation="grouped_mm")).eval()
+    ran.clear()
     with torch.no_grad():
         named(input_ids=ids, attention_mask=mask)
-    assert named.get_experts_implementation()[""] == "grouped_mm"
+    assert named.get_experts_implementation()[""] == "grouped_mm" and not ran
     named.set_experts_implementation("batched_mm")
-    named.use_fastest_experts(torch.device("cpu"))
     assert named.get_experts_implementation()[""] == "batched_mm"
 
 
