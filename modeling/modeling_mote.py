@@ -7,9 +7,9 @@ attention projection: `attention.output.LayerNorm`, `intermediate.dense`, `outpu
 through the expert of the sequence's task, chosen by the routing rule of `task_router.py` (an explicit
 `task`/`task_ids`, else the instruction prefix the ids start with, else the default task).
 
-A batch is routed once per forward pass: rows are stably sorted by task (a no-op for a
-single-task batch), every expert layer applies each expert to one contiguous slice of rows, and
-the outputs are put back in input order at the end.
+A batch is routed once per forward pass, by the router (`TaskRouter.route_batch`): rows are stably sorted by
+task (a no-op for a single-task batch), every expert layer applies each expert to one contiguous slice of rows,
+and the outputs are put back in input order at the end (`RoutedBatch.restore`).
 """
 
 import copy
@@ -19,10 +19,9 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from .compat import exporting_program, is_exporting
 from .configuration_mote import MoteBertConfig
 from .modeling_encoder import EncoderIntermediate, EncoderLayer, EncoderOutput, EncoderPreTrainedModel
-from .task_router import TaskRouter
+from .task_router import MoteRouting, TaskRouter, active_expert_indices
 
 
 @dataclass
@@ -35,18 +34,6 @@ class MoteModelOutput(BaseModelOutputWithPooling):
     """
 
     task_ids: torch.LongTensor | None = None
-
-
-@dataclass(frozen=True)
-class MoteRouting:
-    """Routing of one batch, whose rows are sorted by task: `(expert, start_row, end_row)` for each task present,
-    or, in a traced graph (`segments=None`), the expert index of each (sorted) row and, where the trace allows
-    sizes that depend on the data (`torch.export`), how many rows each loaded expert takes (`row_counts`, in the
-    order of `experts`' keys)."""
-
-    segments: tuple[tuple[int, int, int], ...] | None
-    task_ids: torch.LongTensor | None = None
-    row_counts: list | None = None
 
 
 class MoteBertExpert(nn.Module):
@@ -94,16 +81,6 @@ class MoteBertLayer(EncoderLayer):
             rows = (task_ids == int(key)).nonzero().squeeze(-1)
             output = output.index_copy(0, rows, expert(attention_output.index_select(0, rows)))
         return output
-
-
-def active_expert_indices(config: MoteBertConfig) -> list[int]:
-    """Sorted indices of the tasks whose experts the model holds (names and aliases accepted)."""
-    if config.active_tasks is None:
-        return list(range(config.num_tasks))
-    indices = sorted({config.task_index(name) for name in config.active_tasks})
-    if not indices:
-        raise ValueError(f"`active_tasks` must name at least one task. {config.describe_tasks()}")
-    return indices
 
 
 class MoteBertPreTrainedModel(EncoderPreTrainedModel):
@@ -202,112 +179,31 @@ class MoteBertModel(MoteBertPreTrainedModel):
         Without either, each row's task is read from the instruction prefix its `input_ids` start
         with, then `config.default_task`; otherwise a `ValueError` lists the valid tasks (`task_router.py`).
         """
-        reference = input_ids if input_ids is not None else inputs_embeds
-        if reference is None:
-            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds`")
-        batch_size = reference.shape[0]
-        if batch_size == 0:
-            raise ValueError("Got an empty batch: `input_ids` has 0 rows")
-        router = self.router
-        exporting = is_exporting()
-        explicit = router.explicit(task, task_ids, batch_size, reference.device, check=not exporting)
-        hide = self.config.prefix_routes_only and input_ids is not None
-        order, unrouted, prefix = None, None, None
-        if isinstance(task, str) and not hide:  # one expert, known before the graph: no routing ops at all
-            index = self.config.task_index(task)
-            self._check_experts_present([index])
-            ids, routing = explicit, MoteRouting(((index, 0, batch_size),))
-        else:
-            route = router.route(input_ids, explicit, batch_size)
-            ids = route.task_ids
-            if hide:  # the encoder reads the text as if its prefix were not there
-                if attention_mask is None:
-                    attention_mask = torch.ones_like(input_ids)
-                offset = self.embeddings.position_offset
-                attention_mask, strip_positions, prefix = router.hide_prefix(route, attention_mask, offset)
-                position_ids = strip_positions if position_ids is None else position_ids
-            if exporting and task is None:
-                routing, order, unrouted = self._graph_routing(ids)
-            else:
-                router.check(route)
-                routing, order = self._sorted_routing(ids, batch_size)
-        kept = attention_mask
-        if order is not None:
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = (
-                _take_rows(t, order) for t in (input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)
-            )
-
+        batch = self.router.route_batch(
+            input_ids,
+            inputs_embeds,
+            attention_mask,
+            position_ids,
+            task=task,
+            task_ids=task_ids,
+            position_offset=self.embeddings.position_offset,
+            check_experts=self._check_experts_present,
+        )
+        input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds = batch.take(
+            input_ids, batch.attention_mask, token_type_ids, batch.position_ids, inputs_embeds
+        )
         backbone = self.forward_backbone(
             input_ids,
             attention_mask,
             token_type_ids,
             position_ids,
             inputs_embeds,
-            routing=routing,
+            routing=batch.routing,
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
         )
-        last, pooled, hidden, attentions = (
-            backbone.last_hidden_state,
-            backbone.pooler_output,
-            backbone.hidden_states,
-            backbone.attentions,
-        )
-        if order is not None:
-            inverse = torch.empty_like(order)
-            inverse[order] = torch.arange(batch_size, device=order.device)
-            inverse = inverse.to(last.device)  # the last layer may sit on another device (device map)
-            last = last.index_select(0, inverse)  # every row: not `_take_rows`, whose size test a tracer cannot decide
-            pooled = pooled.index_select(0, inverse) if pooled is not None else None
-            hidden = tuple(h[inverse] for h in hidden) if hidden is not None else None
-            attentions = tuple(a[inverse] for a in attentions) if attentions is not None else None
-        if prefix is not None:  # the prefix's outputs: the mean of the text's, for poolers over the caller's mask
-            last = router.fill_prefix(last, prefix.to(last.device), kept.to(last.device))
-        if unrouted is not None:  # graph outputs of rows with no task: NaN, the only error a graph can give
-            # a product with 1 or NaN per row: one broadcast `Mul`, cheaper than a `Where` over every token
-            poison = torch.ones_like(unrouted, dtype=last.dtype).masked_fill(unrouted, float("nan"))
-            last = last * poison.view(-1, 1, 1)
-            pooled = pooled * poison.view(-1, 1) if pooled is not None else None
-        output = MoteModelOutput(
-            last_hidden_state=last, pooler_output=pooled, hidden_states=hidden, attentions=attentions, task_ids=ids
-        )
+        output = MoteModelOutput(**batch.restore(backbone), task_ids=batch.task_ids)
         return output if return_dict is not False else output.to_tuple()
-
-    def _sorted_routing(self, ids: torch.Tensor, batch_size: int) -> tuple[MoteRouting, torch.Tensor | None]:
-        """Segments of the task-sorted batch and the sorting order (`None` for a single-task batch); one host
-        sync, for the eager path."""
-        counts = torch.bincount(ids, minlength=self.config.num_tasks).tolist()
-        self._check_experts_present([i for i, count in enumerate(counts) if count])
-        order = torch.argsort(ids, stable=True) if max(counts) < batch_size else None
-        segments, start = [], 0
-        for expert, count in enumerate(counts):
-            if count:
-                segments.append((expert, start, start + count))
-                start += count
-        return MoteRouting(tuple(segments)), order
-
-    def _graph_routing(self, ids: torch.Tensor):
-        """`(routing, order, unrouted)` by tensor ops only, for a traced graph: the rows sorted by expert as the
-        eager path sorts them, and the rows with no loaded expert, which run through the first expert and come out
-        NaN."""
-        indices = active_expert_indices(self.config)
-        unrouted = ~(ids.unsqueeze(1) == torch.tensor(indices, device=ids.device)).any(1)
-        experts = ids.masked_fill(unrouted, indices[0])
-        # unique keys, so the sort is stable without a stable sort (which not every graph format has)
-        order = torch.argsort(experts * ids.shape[0] + torch.arange(ids.shape[0], device=ids.device))
-        return MoteRouting(None, experts[order], self._row_counts(experts, indices)), order, unrouted
-
-    @staticmethod
-    def _row_counts(experts: torch.Tensor, indices: list[int]) -> list | None:
-        """Rows per loaded expert, for `torch.export` (data-dependent sizes: one split that every expert layer
-        reads); `None` under `torch.compile` or a tracer, whose shapes are static."""
-        if not exporting_program():
-            return None
-        counts = (experts.unsqueeze(1) == torch.tensor(indices, device=experts.device)).sum(0).tolist()
-        for count in counts:
-            torch._check(count >= 0)
-        torch._check(sum(counts) == experts.shape[0])  # every row has one loaded expert
-        return counts
 
     def _check_experts_present(self, experts: list[int]) -> None:
         """Raise a clear error when a requested task's experts were dropped or offloaded."""
@@ -329,13 +225,6 @@ class MoteBertModel(MoteBertPreTrainedModel):
                     f"The experts of task {task!r} are offloaded to {where}; call "
                     f"`model.set_active_tasks([..., {task!r}], offload_device=...)` to bring them back."
                 )
-
-
-def _take_rows(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor | None:
-    """Rows `index` of `tensor`, passing through `None` and tensors broadcast over the batch."""
-    if tensor is None or tensor.shape[0] != index.shape[0]:
-        return tensor
-    return tensor.index_select(0, index)
 
 
 __all__ = ["MoteBertModel", "MoteBertPreTrainedModel", "MoteBertLayer", "MoteBertExpert", "MoteModelOutput"]
