@@ -75,7 +75,7 @@ def take_rows(tensor: torch.Tensor | None, index: torch.Tensor) -> torch.Tensor 
 class RoutedBatch:
     """A batch as the expert layers read it, and the way back: `task_ids` (each row's expert, in the caller's
     order), `routing` (what the expert layers read), the `attention_mask` and `position_ids` the encoder reads
-    (a prefix-routed folder's hide the prefix), `order` (the rows in expert order; `None`: as given), and what
+    (which hide the prefix in a prefix-routed folder), `order` (the rows in expert order; `None`: as given), and what
     `restore` does to the outputs: the prefix's positions to fill (`prefix`, under the mask the encoder read,
     `kept`) and, in a graph, the rows no loaded expert serves (`unrouted`), whose outputs become NaN."""
 

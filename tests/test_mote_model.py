@@ -263,3 +263,32 @@ def test_a_row_takes_the_longest_prefix_it_starts_with():
     assert found.tolist() == want
     assert length.tolist() == [4, 3, 3, 0, 2, 0]
     assert TaskRouter(config).match(input_ids[:, :2])[0].tolist() == [-1, -1, -1, -1, 2, -1]  # too short for most
+
+
+def test_the_router_sorts_a_batch_by_expert_and_puts_it_back():
+    """`route_batch` gives the forward what it needs: the rows in expert order (a stable sort), the segments each
+    expert layer reads, and `restore` putting outputs back in the caller's order; a named task is one segment and
+    no sort, and an expert the model does not hold is refused before anything runs."""
+    from types import SimpleNamespace
+
+    prefix_ids = {"query": [101, 7], "document": [101, 8], "classification": [101, 5], "clustering": [101, 6]}
+    router = TaskRouter(tiny_mote_config(task_prefix_ids=prefix_ids))
+    input_ids = torch.tensor([[101, 6, 1], [101, 7, 2], [101, 6, 3], [101, 8, 4], [101, 7, 5]])
+    asked = []
+    batch = router.route_batch(input_ids, None, None, None, check_experts=asked.append)
+    assert batch.task_ids.tolist() == [3, 0, 3, 1, 0] and asked == [[0, 1, 3]]
+    (sorted_ids,) = batch.take(input_ids)
+    assert sorted_ids[:, 2].tolist() == [2, 5, 4, 1, 3]  # query rows, document, clustering; each in input order
+    assert batch.routing.segments == ((0, 0, 2), (1, 2, 3), (3, 3, 5))
+    encoded = SimpleNamespace(
+        last_hidden_state=sorted_ids.float(), pooler_output=None, hidden_states=None, attentions=None
+    )
+    assert torch.equal(batch.restore(encoded)["last_hidden_state"], input_ids.float())
+    named = router.route_batch(input_ids, None, None, None, task="Clustering", check_experts=asked.append)
+    assert named.order is None and named.routing.segments == ((3, 0, 5),) and asked[-1] == [3]
+
+    def missing(experts):
+        raise ValueError(f"not loaded: {experts}")
+
+    with pytest.raises(ValueError, match=r"not loaded: \[3\]"):
+        router.route_batch(input_ids, None, None, None, task="clustering", check_experts=missing)
