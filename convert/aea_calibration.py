@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from moe_embed.convert.cards import HUB_CARDS_DIR, PLACEHOLDER_OWNER, looks_like_hub_id
+from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_aea_card
 from moe_embed.convert.folder_writer import write_model_folder
 from moe_embed.files import atomic_output_dir, read_json, write_json
 from moe_embed.modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
-from moe_embed.modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS, ST_MODULES
+from moe_embed.modeling.manifest import ST_MODULES
 from moe_embed.modeling.st_folder import PORTABLE_MODULES
 from moe_embed.usage import UsageError
 
@@ -204,34 +204,6 @@ def write_folder(target: Path, model, tokenizer, settings: dict, source_name: st
         module_settings={"transformer_task": "feature-extraction"},
         card=lambda folder: render_aea_card(folder, settings, source_name, repo_id),
     )
-
-
-def render_aea_card(target: Path, settings: dict, source_name: str, repo_id: str) -> None:
-    from huggingface_hub import ModelCard, ModelCardData
-
-    template = HUB_CARDS_DIR / "aea.md"
-    card_data = ModelCardData(
-        library_name="sentence-transformers",
-        pipeline_tag="sentence-similarity",
-        tags=list(dict.fromkeys(HUB_TAGS + MODEL_TYPE_TAGS["aea"])),
-        base_model=source_name if looks_like_hub_id(source_name) else None,
-    )
-    rows = [
-        (i, s, k0, k)
-        for i, (s, k0, k) in enumerate(
-            zip(settings["homogeneity"], settings["model_top_k"], settings["layer_top_k"], strict=True)
-        )
-    ]
-    card = ModelCard.from_template(
-        card_data,
-        template_path=str(template),
-        model_name=repo_id.split("/")[-1],
-        repo_id=repo_id,
-        source_name=source_name,
-        settings=settings,
-        rows=rows,
-    )
-    card.save(str(target / "README.md"))
 
 
 def search_candidates(options: CalibrateOptions, layers, num_layers: int) -> list[tuple[float, int]]:

@@ -79,9 +79,57 @@ def looks_like_hub_id(name: str | None) -> bool:
     return bool(name) and not Path(name).exists() and "/" in name
 
 
+def from_template(template: str, card_data=None, **context):
+    """The one renderer of cards: `hub_cards/<template>` rendered with `context` (Jinja, as huggingface_hub renders
+    a card). With `card_data` (`ModelCardData`, the Hub metadata), a `huggingface_hub.ModelCard`; without, the
+    card's text (an ONNX folder's card, which has no metadata)."""
+    import jinja2
+    from huggingface_hub import ModelCard
+
+    path = HUB_CARDS_DIR / template
+    if card_data is not None:
+        return ModelCard.from_template(card_data, template_path=str(path), **context)
+    return jinja2.Template(path.read_text(encoding="utf-8")).render(**context)
+
+
+def write_card(folder: Path, template: str, card_data=None, **context) -> None:
+    """Write `folder/README.md` rendered from `hub_cards/<template>` (see `from_template`)."""
+    card = from_template(template, card_data, **context)
+    path = Path(folder) / "README.md"
+    if card_data is not None:
+        card.save(str(path))
+    else:
+        path.write_text(card, encoding="utf-8")
+
+
+def card_metadata(model_type: str | None, tags=(), base_model: str | None = None, license_id: str | None = None):
+    """The Hub metadata of a card: sentence-transformers' library and pipeline, the tags of the package, of the
+    folder's model type and `tags`, the base model (a Hub id) and the license."""
+    from huggingface_hub import ModelCardData
+
+    return ModelCardData(
+        library_name="sentence-transformers",
+        pipeline_tag="sentence-similarity",
+        tags=list(dict.fromkeys(HUB_TAGS + MODEL_TYPE_TAGS.get(model_type, ()) + tuple(tags))),
+        base_model=base_model,
+        license=license_id,
+    )
+
+
 def render_card(folder: Path, repo_id: str, **kwargs) -> None:
     """Write `folder/README.md` for the model the folder holds (arguments as `build_card`)."""
     build_card(folder, repo_id, **kwargs).save(str(Path(folder) / "README.md"))
+
+
+def task_rows(config: dict) -> list[dict]:
+    """A MoTE card's table of tasks: each task, its prefix and the names that reach it (its aliases)."""
+    names = {}
+    for alias, task in (config.get("task_aliases") or {}).items():
+        names.setdefault(task, []).append(alias)
+    return [
+        {"task": t, "prefix": config["task_prefixes"][t], "names": ", ".join(f"`{n}`" for n in [t, *names.get(t, [])])}
+        for t in config.get("tasks") or []
+    ]
 
 
 def build_card(
@@ -101,31 +149,17 @@ def build_card(
     is a sentence on how the folder was made and `tags` what it is (dense exports: `MERGE_TAGS`), beside the
     tags of its model type.
     """
-    from huggingface_hub import ModelCard, ModelCardData
-
     folder = Path(folder)
     config = read_json(folder / "config.json")
     st_config = read_json(folder / "config_sentence_transformers.json")
     prompts = st_config.get("prompts") or {}
     model_type = config.get("model_type")
-    shapes = weight_shapes(folder)
-    total, active = parameter_counts(config, shapes)
-    adapter_only = (folder / "adapter_config.json").is_file()  # an adapter-only CoMoE folder
+    total, active = parameter_counts(config, weight_shapes(folder))
     if base_is_hub_id is None:
         base_is_hub_id = looks_like_hub_id(base_model)
-    card_data = ModelCardData(
-        library_name="sentence-transformers",
-        pipeline_tag="sentence-similarity",
-        tags=list(dict.fromkeys(HUB_TAGS + MODEL_TYPE_TAGS.get(model_type, ()) + tuple(tags))),
-        base_model=base_model if base_is_hub_id else None,
-        license=license_id,
-    )
-    names = {}
-    for alias, task in (config.get("task_aliases") or {}).items():
-        names.setdefault(task, []).append(alias)
-    return ModelCard.from_template(
-        card_data,
-        template_path=str(HUB_CARDS_DIR / TEMPLATES.get(model_type, "dense.md")),
+    return from_template(
+        TEMPLATES.get(model_type, "dense.md"),
+        card_metadata(model_type, tags, base_model if base_is_hub_id else None, license_id),
         model_name=repo_id.split("/")[-1],
         repo_id=repo_id,
         base_model_name=base_model or "a dense encoder",
@@ -140,18 +174,26 @@ def build_card(
         default_prompt_name=st_config.get("default_prompt_name"),
         prompt_names=", ".join(f"`{name}`" for name in prompts),
         query_prefix=prompts.get("query", next(iter(prompts.values()), "")),
-        task_rows=[
-            {
-                "task": t,
-                "prefix": config["task_prefixes"][t],
-                "names": ", ".join(f"`{n}`" for n in [t, *names.get(t, [])]),
-            }
-            for t in config.get("tasks") or []
-        ],
-        adapter_only=adapter_only,
+        task_rows=task_rows(config),
+        adapter_only=(folder / "adapter_config.json").is_file(),  # an adapter-only CoMoE folder
         adapter_params=f"{total / 1e6:.2f}M",
         total_params=f"{total / 1e6:.1f}M",
         active_params=f"{active / 1e6:.1f}M",
+    )
+
+
+def render_aea_card(folder: Path, settings: dict, source_name: str, repo_id: str) -> None:
+    """Write the card of an AEA folder: its allocation (`aea_config.json`'s `settings`) per layer."""
+    layers = zip(settings["homogeneity"], settings["model_top_k"], settings["layer_top_k"], strict=True)
+    write_card(
+        folder,
+        "aea.md",
+        card_metadata("aea", base_model=source_name if looks_like_hub_id(source_name) else None),
+        model_name=repo_id.split("/")[-1],
+        repo_id=repo_id,
+        source_name=source_name,
+        settings=settings,
+        rows=[(i, s, k0, k) for i, (s, k0, k) in enumerate(layers)],
     )
 
 

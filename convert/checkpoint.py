@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from moe_embed.convert.layout import DENSE_ARCHITECTURES, position_offset
 from moe_embed.files import read_json
+from moe_embed.folders import check_config_shape
 from moe_embed.modeling.manifest import TOKENIZER_FILES
 from moe_embed.usage import UsageError
 
@@ -88,7 +89,7 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
 def read_dense_checkpoint(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """Config dict and encoder state dict (BertModel names, heads dropped) of a dense checkpoint."""
-    config = read_json(Path(folder) / "config.json")
+    config = check_config_shape(read_json(Path(folder) / "config.json"), Path(folder) / "config.json")
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_SOURCE_TYPES:
         raise UsageError(

@@ -15,18 +15,16 @@ which must have the adapter's shapes (`base_model_name_or_path=FOLDER` in `from_
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from moe_embed.usage import UsageError, option, parse_options, run_cli
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
-
 
 def write_adapter_folder(folder: Path, target: Path, base: str | None = None) -> None:
-    """Write the adapter-only form of the full CoMoE folder `folder` into the folder `target` (created
-    if missing): every file but the weights, then the adapters, `adapter_config.json` and a card."""
+    """Write the adapter-only form of the full CoMoE folder `folder` into the folder `target` (created if missing):
+    the model's adapter-only save (`CoMoeBertModel.save_pretrained(adapter_only=True)`, which carries the
+    folder's code, tokenizer and Sentence-Transformers files over), then the card."""
     from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_card, source_license
     from moe_embed.files import read_json
     from moe_embed.folders import BUNDLED_MODEL_ID, is_bundled
@@ -40,14 +38,7 @@ def write_adapter_folder(folder: Path, target: Path, base: str | None = None) ->
         base = BUNDLED_MODEL_ID
     model = CoMoeBertModel.from_pretrained(str(folder))
     target.mkdir(parents=True, exist_ok=True)
-    for path in folder.iterdir():
-        if path.name in WEIGHT_FILES or path.name.startswith(("model-", ".")) or path.name == "README.md":
-            continue
-        if path.is_dir():
-            shutil.copytree(path, target / path.name, dirs_exist_ok=True)
-        else:
-            shutil.copy2(path, target / path.name)
-    try:
+    try:  # the model's own adapter save writes the folder: config, code, adapters, tokenizer, modules, prompts
         model.save_pretrained(target, adapter_only=True, base_model_name_or_path=base)
     except ValueError as error:  # e.g. the target already holds full weights
         raise UsageError(str(error)) from None

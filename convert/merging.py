@@ -196,24 +196,16 @@ class Merged:
     calibration_texts: list[str] | None = None  # CoMoE: texts to measure the merged model's agreement on
 
 
-def mote_prompts(folder: ModelFolder, task: str | None) -> tuple[dict[str, str], str | None]:
-    """The prompts of a dense folder merged from a MoTE folder, and its default. Averaged experts keep every
-    prompt, the default task's the default (a plain encoder adds it to `encode(texts)` as the MoTE module did);
-    one task's experts keep only the prompts of that task's prefix, which become the default: another task's
-    prompt would silently run this task's experts."""
-    config = folder.config
+def mote_prompts(folder: ModelFolder, task: str | None) -> dict[str, str]:
+    """The prompts of a dense folder merged from a MoTE folder. Its plain `encode(texts)` means what the MoTE
+    folder's does, by the routing rule: nothing is added to the row, so the folder names no default prompt, and
+    the prompts stay available by name (`prompt_name=`). Averaged experts keep every prompt; one task's experts
+    keep only the prompts of that task's prefix (another task's prompt would silently run this task's experts)."""
     prompts = read_json(folder.path / "config_sentence_transformers.json").get("prompts") or {}
-    chosen = task or config.get("default_task")
-    if chosen is None:
-        return prompts, None
-    prefix = config["task_prefixes"][chosen]
-    if task is not None:
-        prompts = {name: text for name, text in prompts.items() if text == prefix} or {prompt_key(task): prefix}
-    key = prompt_key(chosen)
-    name = key if prompts.get(key) == prefix else next((n for n, t in prompts.items() if t == prefix), None)
-    if name is None:
-        name, prompts = key, {**prompts, key: prefix}
-    return prompts, name
+    if task is None:
+        return prompts
+    prefix = folder.config["task_prefixes"][task]
+    return {name: text for name, text in prompts.items() if text == prefix} or {prompt_key(task): prefix}
 
 
 def merge_mote_folder(folder: ModelFolder, options: MergeOptions) -> Merged:
@@ -226,16 +218,16 @@ def merge_mote_folder(folder: ModelFolder, options: MergeOptions) -> Merged:
     state = merge_mote(read_state_dict(folder.path), config, experts, weights)
     chosen = [config["tasks"][e] for e in experts]
     task = chosen[0] if options.task else None
-    prompts, default = mote_prompts(folder, task)
+    prompts = mote_prompts(folder, task)
     if task is None:
         shares = ", ".join(f"{w:.3g}" for w in weights)
         provenance = f"Expert Averaging of the task experts {chosen} ({shares})."
-        return Merged(state, prompts, default, "average", provenance)
+        return Merged(state, prompts, None, "average", provenance)
     provenance = (
-        f"It holds the `{task}` task experts of the MoTE model, unchanged; `encode` prepends "
-        f"`{config['task_prefixes'][task]}`, and only that task's prompts are kept."
+        f"It holds the `{task}` task experts of the MoTE model, unchanged, and only that task's prompts "
+        f"(`{config['task_prefixes'][task]}`)."
     )
-    return Merged(state, prompts, default, "task", provenance)
+    return Merged(state, prompts, None, "task", provenance)
 
 
 def merge_moe_folder(folder: ModelFolder, options: MergeOptions) -> Merged:
@@ -269,7 +261,10 @@ def merge_comoe_folder(folder: ModelFolder, options: MergeOptions) -> Merged:
 
     if options.task or options.experts:
         raise UsageError("--task and --experts do not apply to CoMoE: every expert is folded in, weighted")
-    comoe = CoMoeBertModel.from_pretrained(str(folder.path)).eval()
+    try:
+        comoe = CoMoeBertModel.from_pretrained(str(folder.path)).eval()
+    except ValueError as error:  # an adapter whose base does not fit it, or files that disagree
+        raise UsageError(str(error).splitlines()[0]) from None
     texts = read_texts(Path(options.calibration), "--calibration") if options.calibration else None
     if texts:
         shares = comoe_routing_weights(comoe, load_tokenizer(folder.path, trust_remote_code=True), texts)

@@ -29,10 +29,7 @@ from moe_embed.convert.folder_writer import write_model_folder
 from moe_embed.convert.onnx_checks import check_export, quantize_checked
 from moe_embed.convert.onnx_graph import GRAPH_FILE, build_graph, export_graph, graph_inputs, output_names, session
 from moe_embed.files import atomic_output_dir, read_json, write_json
-from moe_embed.modeling.st_folder import (
-    MODULE_CONFIG_FILE,
-    write_portable_module_files,
-)
+from moe_embed.modeling.st_folder import MODULE_CONFIG_FILE
 
 if TYPE_CHECKING:
     from moe_embed.convert.options import ExportOptions
@@ -41,37 +38,26 @@ logger = logging.getLogger(__name__)
 
 
 def write_folder_files(source: Path, target: Path, st, input_length: int):
-    """Write the files above into `target`; returns the `tokenizers.Tokenizer` a client loads from them."""
+    """Write the files above into `target`, each once; returns the `tokenizers.Tokenizer` a client loads from them."""
     from tokenizers import Tokenizer
 
-    tokenizer = st[0].tokenizer
+    source_settings = source / MODULE_CONFIG_FILE
+    do_lower_case = (read_json(source_settings) if source_settings.is_file() else {}).get("do_lower_case", False)
     write_model_folder(
         target,
         config=serving_config(read_json(source / "config.json")),
-        tokenizer=tokenizer,
+        tokenizer=st[0].tokenizer,
+        client_length=input_length,
         input_module="sentence_transformers.models.Transformer",
         modules_from=source,
+        # sentence-transformers' own `Transformer` reads the graph (`backend="onnx"`): its settings in the form
+        # every version reads, as the module paths and pooling settings are (`st_folder.write_modules`)
+        module_settings={"max_seq_length": input_length, "do_lower_case": do_lower_case},
+        carry_module_settings=False,
         prompts=dict(st.prompts or {}),
         default_prompt_name=st.default_prompt_name,
     )
-    client = Tokenizer.from_file(str(target / "tokenizer.json"))
-    client.enable_padding(direction="right", pad_id=tokenizer.pad_token_id, pad_token=tokenizer.pad_token)
-    client.enable_truncation(input_length, direction="right")
-    client.save(str(target / "tokenizer.json"))
-    settings = read_json(target / "tokenizer_config.json")
-    settings = {k: v for k, v in settings.items() if k not in ("is_local", "local_files_only")}  # load-time state
-    # fastembed truncates at min(model_max_length, max_length)
-    settings.update(
-        model_max_length=input_length, max_length=input_length, padding_side="right", truncation_side="right"
-    )
-    write_json(target / "tokenizer_config.json", settings)
-    write_json(target / "special_tokens_map.json", dict(tokenizer.special_tokens_map))
-    # sentence-transformers' own `Transformer` reads the graph (`backend="onnx"`): its settings in the form every
-    # version reads, as the module paths and pooling settings (`write_portable_module_files`)
-    do_lower_case = read_json(target / MODULE_CONFIG_FILE).get("do_lower_case", False)
-    write_json(target / MODULE_CONFIG_FILE, {"max_seq_length": input_length, "do_lower_case": do_lower_case})
-    write_portable_module_files(target)
-    return client
+    return Tokenizer.from_file(str(target / "tokenizer.json"))
 
 
 def serving_config(config: dict) -> dict:
@@ -147,116 +133,31 @@ def write_onnx_folder(folder: Path, output: Path, options: ExportOptions) -> Pat
         agreement = quantize_checked(tmp, fp32, st, client, options.int8_min_cosine) if options.quantize else None
         info = onnx_config(graph, st, example, input_length, options.opset, worst, agreement)
         write_json(tmp / "onnx_config.json", info)
-        (tmp / "README.md").write_text(usage_card(folder.name, info))
+        usage_card(tmp, folder.name, info)
     print(f"wrote {output} (max |onnxruntime - torch| {worst:.1e})")
     return output
 
 
-def usage_card(name: str, info: dict) -> str:
-    """The folder's README: the contract, the prompts, int8 agreement, and how each client loads it."""
+def usage_card(folder: Path, name: str, info: dict) -> None:
+    """Write the folder's README (`hub_cards/onnx.md`): the contract, the prompts, int8 agreement, and how each
+    client loads it."""
+    from moe_embed.convert.cards import write_card
+
     prompts = info["prompts"]
     example_prompt = prompts.get("query") or next(iter(prompts.values()), "")
-    rows = "\n".join(f"| `{key}` | `{json.dumps(value)}` |" for key, value in prompts.items()) or "| (none) | |"
-    routed = "routed_task_ids" in info["outputs"]
-    if routed:
-        default = info.get("default_task")
-        routing = (
-            "The graph routes each row by the prompt it starts with (a MoTE task prefix picks that task's "
-            f"expert); a text without one is embedded as `SentenceTransformer.encode` embeds it without a "
-            f"prompt{f' (the default task `{default}`)' if default else ''}. The graph cuts each row at "
-            f"{info['max_seq_length']} tokens after the prompt is handled, as the PyTorch folder does."
-        )
-    elif info.get("exported_task"):
-        routing = f"Every row goes to the `{info['exported_task']}` experts (send its prompt or none)."
-    else:
-        routing = "Put the prompt of your task in front of each text, as `SentenceTransformer.encode` would."
-    int8 = info.get("int8")
-    int8_text = (
-        f"`{int8['file']}` (onnxruntime: dynamic int8, per-channel weights) agrees with the fp32 graph at cosine "
-        f"min {int8['min_cosine']:.4f} / mean {int8['mean_cosine']:.4f} over {int8['texts']} texts (every prompt "
-        "and none), measured by the exporter."
-        if int8
-        else "No int8 graph (export with `--quantize int8` for one)."
+    write_card(
+        folder,
+        "onnx.md",
+        name=name,
+        info=info,
+        routed="routed_task_ids" in info["outputs"],
+        int8=info.get("int8"),
+        openvino=(info.get("int8") or {}).get("openvino"),
+        rows=[(key, json.dumps(value)) for key, value in prompts.items()],
+        example_text=json.dumps(example_prompt + "who was isaac newton?"),
+        inputs=", ".join(f"`{i}`" for i in info["inputs"]),
+        outputs=", ".join(f"`{o}`" for o in info["outputs"]),
     )
-    openvino = (int8 or {}).get("openvino")
-    if openvino:
-        int8_text += (
-            f" `{openvino['file']}` (OpenVINO: static int8 by NNCF) agrees at cosine min "
-            f"{openvino['min_cosine']:.4f} / mean {openvino['mean_cosine']:.4f} over the same texts."
-        )
-    openvino_snippet = (
-        f"""
-For int8 on OpenVINO, compile `{openvino["file"]}` instead (no precision hint needed).
-"""
-        if openvino
-        else ""
-    )
-    inputs = ", ".join(f"`{i}`" for i in info["inputs"])
-    outputs = ", ".join(f"`{o}`" for o in info["outputs"])
-    return f"""# ONNX export of `{name}`
-
-Made by moe-embed's `convert/export_onnx.py`. `onnx/model.onnx` takes {inputs} (int64) and returns
-{outputs}: `sentence_embedding` is the folder's pooling and normalisation applied, the embedding
-`SentenceTransformer.encode` gives (max |difference| {info["max_abs_difference"]:.1e}, checked at export).
-{routing} Inputs are truncated at {info["input_length"]} tokens (`tokenizer.json`, `sentence_bert_config.json`).
-
-{int8_text}
-
-| prompt name | text to put in front |
-|---|---|
-{rows}
-
-## onnxruntime and tokenizers
-
-```python
-import numpy as np
-import onnxruntime
-from tokenizers import Tokenizer
-
-tokenizer = Tokenizer.from_file("tokenizer.json")  # pads to the longest row, truncates at the input length
-session = onnxruntime.InferenceSession("onnx/model.onnx")
-texts = [{json.dumps(example_prompt + "who was isaac newton?")}]
-encodings = tokenizer.encode_batch(texts)
-feed = {{name: np.array([getattr(e, attr) for e in encodings], dtype=np.int64) for name, attr in
-        [("input_ids", "ids"), ("attention_mask", "attention_mask"), ("token_type_ids", "type_ids")]}}
-feed = {{i.name: feed[i.name] for i in session.get_inputs() if i.name in feed}}
-embeddings = session.run(["sentence_embedding"], feed)[0]
-```
-
-## fastembed
-
-```python
-from fastembed import TextEmbedding
-from fastembed.common.model_description import ModelSource, PoolingType
-
-TextEmbedding.add_custom_model(model="local/{name}", pooling=PoolingType.DISABLED, normalization=True,
-                               sources=ModelSource(hf="local/{name}"), dim={info["dimension"]},
-                               model_file="onnx/model.onnx")
-model = TextEmbedding("local/{name}", specific_model_path=".")
-embeddings = list(model.embed([{json.dumps(example_prompt + "who was isaac newton?")}]))
-```
-
-`sentence_embedding` is the graph's first output, which fastembed reads; `PoolingType.DISABLED` keeps it.
-
-## Text Embeddings Inference
-
-```
-text-embeddings-router --model-id /path/to/{name} --pooling mean
-```
-
-TEI's CPU image tries the ONNX backend first, which loads `onnx/model.onnx` and returns `sentence_embedding`
-as it is. Send `prompt_name` with a request (or start with `--default-prompt-name`) to pick a prompt above.
-
-## OpenVINO
-
-```python
-import openvino
-compiled = openvino.Core().compile_model("onnx/model.onnx", "CPU", {{"INFERENCE_PRECISION_HINT": "f32"}})
-embeddings = compiled(feed)["sentence_embedding"]  # `feed` as for onnxruntime above
-```
-
-Without the f32 hint, OpenVINO runs in bf16 on CPUs that have it (cosine to fp32 about 0.99).
-{openvino_snippet}"""
 
 
 __all__ = ["write_folder_files", "write_onnx_folder", "onnx_config", "usage_card"]

@@ -16,7 +16,6 @@ refused when the file is generated (tested for every folder type).
 from __future__ import annotations
 
 import ast
-import json
 import textwrap
 from pathlib import Path
 
@@ -154,18 +153,20 @@ def generate(entry: str, directory: Path = MODELING_DIR) -> str:
 
 
 def write_folder_code(folder: str | Path, kind: str) -> list[str]:
-    """Write the code files of a folder of `kind` (a model type of `FOLDER_FILES`, or `aea`) into `folder` and
-    point `config.json`'s `auto_map` at them (for model types that have model code); returns the file names."""
+    """Write the code files of a folder of `kind` (a model type of `FOLDER_FILES`, or `aea`) into `folder`;
+    returns the file names. `config.json`'s `auto_map` (`folder_auto_map`) is the folder writer's: it goes into
+    the config before the config is written."""
     folder = Path(folder)
     names = list(FOLDER_FILES[kind])
     for name in names:
         (folder / name).write_text(generate(name.removesuffix(".py")), encoding="utf-8")
-    if kind in AUTO_MAP:
-        path = folder / "config.json"
-        config = json.loads(path.read_text(encoding="utf-8"))
-        config["auto_map"] = dict(AUTO_MAP[kind])
-        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return names
 
 
-__all__ = ["MODELING_DIR", "dependency_order", "generate", "sibling_imports", "write_folder_code"]
+def folder_auto_map(kind: str) -> dict | None:
+    """The `auto_map` of a folder of `kind`, pointing into its generated files (`None` where it has no model
+    code: AEA folders run transformers' own models)."""
+    return dict(AUTO_MAP[kind]) if kind in AUTO_MAP else None
+
+
+__all__ = ["MODELING_DIR", "dependency_order", "generate", "sibling_imports", "folder_auto_map", "write_folder_code"]

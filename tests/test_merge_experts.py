@@ -38,8 +38,8 @@ def test_expert_averaging_of_untrained_mote_is_the_dense_model(mote_dir, dense_p
     merged, dense = load_file(str(out / "model.safetensors")), _dense_weights(dense_path)
     assert merged.keys() == dense.keys()
     assert all(torch.equal(merged[k], dense[k]) for k in dense)
-    # the averaged model keeps the MoTE folder's plain-`encode` prompt
-    assert read_json(out / "config_sentence_transformers.json")["default_prompt_name"] == "Classification"
+    # a plain `encode` means what it means on the MoTE folder: nothing is added to the row (no default prompt)
+    assert read_json(out / "config_sentence_transformers.json")["default_prompt_name"] is None
     config = read_json(out / "config.json")
     assert config["model_type"] == "bert" and config["architectures"] == ["BertModel"] and "auto_map" not in config
     assert not list(out.glob("*.py"))
@@ -53,6 +53,13 @@ def test_expert_averaging_of_untrained_mote_is_the_dense_model(mote_dir, dense_p
         rtol=0,
         atol=1e-6,
     )
+    # a plain `encode` is the dense model's on the texts as they are, as the MoTE folder's plain `encode` is
+    plain = ea.encode(TEXTS, convert_to_tensor=True)
+    torch.testing.assert_close(plain, reference.encode(TEXTS, convert_to_tensor=True), rtol=0, atol=1e-6)
+    mote = SentenceTransformer(mote_dir, trust_remote_code=True)
+    torch.testing.assert_close(plain, mote.encode(TEXTS, convert_to_tensor=True), rtol=0, atol=1e-5)
+    with_prompt = ea.encode(TEXTS, prompt_name="Clustering", convert_to_tensor=True)
+    assert (with_prompt - plain).abs().max() > 1e-3  # a named prompt is still put in front
 
 
 def test_expert_averaging_of_trained_experts_is_the_hand_average(mote_dir, tmp_path, capsys):
@@ -90,11 +97,11 @@ def test_task_export_equals_mote_routed_to_that_task_without_remote_code(mote_di
     code, err = merge(capsys, str(trained), "--task", "clustering", "--output", str(out))
     assert code == 0, err
     result = json.loads(run_isolated(PLAIN_LOAD, str(out), json.dumps(TEXTS)).splitlines()[-1])
-    assert result["default_prompt"] == "Clustering"
-    expected = st.encode(TEXTS, prompt_name="Clustering", convert_to_tensor=True)
+    assert result["default_prompt"] is None  # a plain encode adds nothing, as the MoTE folder's does
+    expected = st.encode(TEXTS, task="clustering", convert_to_tensor=True)
     assert (torch.tensor(result["default"]) - expected).abs().max() <= 1e-5
     # and it is not what another task's experts give
-    other = st.encode(TEXTS, prompt="clustering: ", task="query", convert_to_tensor=True)
+    other = st.encode(TEXTS, task="query", convert_to_tensor=True)
     assert (torch.tensor(result["default"]) - other).abs().max() > 1e-3
 
 
@@ -107,7 +114,7 @@ def test_task_export_keeps_only_its_task_prompts_and_is_tagged_as_one_task(mote_
     assert code == 0, err
     settings = read_json(tmp_path / "document" / "config_sentence_transformers.json")
     assert settings["prompts"] == {"document": "search_document: "}
-    assert settings["default_prompt_name"] == "document"
+    assert settings["default_prompt_name"] is None
     tags = ModelCard.load(tmp_path / "document" / "README.md").data.tags
     assert "task-expert" in tags and "expert-averaging" not in tags and "mote" in tags
     code, err = merge(capsys, mote_dir, "--output", str(tmp_path / "ea"))
@@ -116,6 +123,8 @@ def test_task_export_keeps_only_its_task_prompts_and_is_tagged_as_one_task(mote_
     assert "expert-averaging" in tags and "task-expert" not in tags
     every = read_json(Path(mote_dir) / "config_sentence_transformers.json")["prompts"]
     assert read_json(tmp_path / "ea" / "config_sentence_transformers.json")["prompts"] == every
+    card = (tmp_path / "ea" / "README.md").read_text()
+    assert "plain `encode(texts)` adds nothing" in card and "uses the" not in card  # no default prompt announced
 
 
 @pytest.mark.slow

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from moe_embed.convert.remote_code import MODELING_DIR, dependency_order, generate, write_folder_code
+from moe_embed.convert.remote_code import (
+    MODELING_DIR,
+    dependency_order,
+    folder_auto_map,
+    generate,
+    write_folder_code,
+)
 from moe_embed.modeling.manifest import AUTO_MAP, FOLDER_FILES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,8 +40,9 @@ def test_every_folder_file_is_generated_whole(kind, tmp_path):
         order = dependency_order(name.removesuffix(".py"))
         assert order[-1] == name.removesuffix(".py")
         assert all(f"# ---- modeling/{module}.py ----" in source for module in order)
-    config = json.loads((tmp_path / "config.json").read_text())
-    assert config.get("auto_map") == AUTO_MAP.get(kind)
+    # the config is the folder writer's, written once with its `auto_map` (tests/test_folder_writer.py)
+    assert json.loads((tmp_path / "config.json").read_text()) == {"model_type": kind}
+    assert folder_auto_map(kind) == AUTO_MAP.get(kind)
 
 
 def test_a_generated_model_file_imports_alone_and_holds_its_config(tmp_path):
