@@ -19,7 +19,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from moe_embed.usage import UsageError, option, parse_options, run_cli
+from moe_embed.errors import UsageError, run_cli
+from moe_embed.options import option, parse_options
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 
