@@ -225,7 +225,7 @@ ARCHES = tuple(ARCH_OPTIONS)
 class ArchChoice:
     """The option read first on `upcycle`'s command line: it picks the options class of the rest."""
 
-    arch: Literal["mote", "moe", "comoe"] = option(
+    arch: Literal[ARCHES] = option(
         "mote", help="; ".join(f"{name}: {cls.summary}" for name, cls in ARCH_OPTIONS.items())
     )
 
