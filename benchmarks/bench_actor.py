@@ -28,7 +28,8 @@ from pathlib import Path
 
 from benchmarks.bench_embed import corpus_texts, rows_per_second, write_corpus
 from benchmarks.common import cpu_description
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.errors import UsageError, run_cli
+from moe_embed.options import command_parser, parse
 
 FAMILIES = {"dense": None, "mote": "mote", "moe": "moe"}  # family -> `moe-embed upcycle --arch`
 TASKS = {"mote": "document"}
@@ -38,9 +39,10 @@ def family_folder(family: str, base: str, work: Path) -> str:
     """The folder of `family`: the base itself, or the base upcycled into `work`."""
     if FAMILIES[family] is None:
         return base
-    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
 
-    return str(upcycle(UpcycleOptions(output=work / family, arch=FAMILIES[family], base=base)))
+    return str(upcycle(upcycle_options(output=work / family, arch=FAMILIES[family], base=base)))
 
 
 def time_encode(model, texts: list[str], batch_size: int, task: str | None) -> float:

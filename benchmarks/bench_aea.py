@@ -28,12 +28,14 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel
 
 from benchmarks.common import prepare, random_ids, time_forward, timing_parser
-from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.convert.options import upcycle_options
+from moe_embed.convert.upcycle import upcycle
+from moe_embed.errors import run_cli
 from moe_embed.modeling.aea_allocation import allocate_layers
 from moe_embed.modeling.aea_controller import AdaptiveExpertAllocation
 from moe_embed.modeling.aea_homogeneity import measure_homogeneity
 from moe_embed.modeling.aea_layers import experts_arguments, find_moe_layers
-from moe_embed.usage import parse, run_cli
+from moe_embed.options import parse
 
 # the MoE encoder of experiments/aea_moe_encoder.py: every layer, 8 experts, top-2, experts that differ
 ENCODER = {"arch": "moe", "moe_layers": "all", "num_local_experts": 8, "num_experts_per_tok": 2}
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "moe"
-        upcycle(UpcycleOptions(output=folder, base=args.base, **ENCODER))
+        upcycle(upcycle_options(output=folder, base=args.base, **ENCODER))
         encoder = moe_encoder(folder, "sdpa")
         name = "MoE MiniLM" if args.base is None else f"MoE {Path(args.base).name}"
         layers = encoder.config.num_hidden_layers

@@ -28,9 +28,11 @@ from transformers import AutoModel
 
 from benchmarks.common import dense_base, prepare, random_ids, time_forward, timing_parser
 from moe_embed.convert.merging import dense_config
-from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.convert.options import upcycle_options
+from moe_embed.convert.upcycle import upcycle
+from moe_embed.errors import run_cli
 from moe_embed.modeling.modeling_comoe import CoMoeBertModel
-from moe_embed.usage import parse, run_cli
+from moe_embed.options import parse
 
 
 def linear_shapes(config) -> list[tuple[int, int]]:
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model or str(Path(tmp) / "comoe")
         if args.model is None:
-            upcycle(UpcycleOptions(output=folder, base=args.base, arch="comoe"))
+            upcycle(upcycle_options(output=folder, base=args.base, arch="comoe"))
         comoe = CoMoeBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
         generator = torch.Generator().manual_seed(0)
         with torch.no_grad():

@@ -23,9 +23,11 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from benchmarks.common import batch_of, median_rates, prepare, timing_parser
-from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.convert.options import upcycle_options
+from moe_embed.convert.upcycle import upcycle
+from moe_embed.errors import run_cli
 from moe_embed.modeling.modeling_mote import MoteBertModel
-from moe_embed.usage import parse, run_cli
+from moe_embed.options import parse
 
 VARIANTS = {
     "task='query', fullgraph": ({"task": "query"}, True, True),
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model or str(Path(tmp) / "mote")
         if not args.model:
-            upcycle(UpcycleOptions(output=folder))
+            upcycle(upcycle_options(output=folder))
         model = MoteBertModel.from_pretrained(folder).eval()
     rows = [row for name in VARIANTS for row in bench(model, name, shapes, args)]
     print("| MoTE | batch | tokens | eager (seq/s) | compiled (seq/s) | compiled / eager | graphs | compile s |")

@@ -49,7 +49,8 @@ from math import nan
 from pathlib import Path
 
 from benchmarks.common import add_base_option, cpu_description, dense_base
-from moe_embed.usage import command_parser, parse, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import command_parser, parse
 
 METHODS = ("encode", "pool", "ray", "ray-running", "ray-2x1", "ray-int8", "cli")
 INT8_GRAPH = "onnx/model_qint8_avx512_vnni.onnx"

@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from moe_embed.usage import command_parser, parse, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import command_parser, parse
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -80,13 +81,14 @@ def main(argv: list[str] | None = None) -> None:
         return worker(folder, json.loads(kwargs), int(num_texts))
 
     from moe_embed.convert.merge_experts import MergeOptions, merge
-    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
     from moe_embed.folders import bundled_minilm_path
 
     dense = bundled_minilm_path()
     with tempfile.TemporaryDirectory() as tmp:
         mote, ea = str(Path(tmp) / "mote"), str(Path(tmp) / "ea")
-        upcycle(UpcycleOptions(output=mote, no_verify=True))
+        upcycle(upcycle_options(output=mote, verify=False))
         merge(MergeOptions(model_dir=mote, output=ea))
         variants = {
             "dense (all-MiniLM-L6-v2)": (dense, {}),

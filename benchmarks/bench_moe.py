@@ -25,9 +25,11 @@ from tqdm.auto import tqdm
 from transformers import AutoModel
 
 from benchmarks.common import dense_base, prepare, random_ids, time_forward, timing_parser
-from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.convert.options import upcycle_options
+from moe_embed.convert.upcycle import upcycle
+from moe_embed.errors import run_cli
 from moe_embed.modeling.modeling_moe import MoeBertModel
-from moe_embed.usage import parse, run_cli
+from moe_embed.options import parse
 
 IMPLEMENTATIONS = ["eager", "grouped_mm", "batched_mm"]
 
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         folder = args.model
         if folder is None:
             folder = str(Path(tmp) / "moe")
-            upcycle(UpcycleOptions(output=folder, base=args.base, arch="moe"))
+            upcycle(upcycle_options(output=folder, base=args.base, arch="moe"))
         moe = MoeBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     config = moe.config
 

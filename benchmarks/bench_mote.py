@@ -22,9 +22,11 @@ from tqdm.auto import tqdm
 from transformers import AutoModel
 
 from benchmarks.common import dense_base, prepare, random_ids, time_forward, timing_parser
-from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.convert.options import upcycle_options
+from moe_embed.convert.upcycle import upcycle
+from moe_embed.errors import run_cli
 from moe_embed.modeling.modeling_mote import MoteBertModel
-from moe_embed.usage import parse, run_cli
+from moe_embed.options import parse
 
 
 def make_batch(prefix_ids: list[list[int]], batch_size: int, seq_len: int, vocab_size: int, generator) -> dict:
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
         folder = args.model
         if folder is None:
             folder = str(Path(tmp) / "mote")
-            upcycle(UpcycleOptions(output=folder, base=args.base, no_verify=True))
+            upcycle(upcycle_options(output=folder, base=args.base, verify=False))
         mote = MoteBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
     prefix_ids = [mote.config.task_prefix_ids[t] for t in mote.config.tasks]
 

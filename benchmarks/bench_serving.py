@@ -51,7 +51,8 @@ from moe_embed.convert.onnx_int8 import INT8_FILE
 from moe_embed.convert.openvino_int8 import CALIBRATION_TEXTS, OPENVINO_INT8_FILE
 from moe_embed.convert.options import DEFAULT_MIN_COSINE
 from moe_embed.data import DATA_DIR_HELP
-from moe_embed.usage import parse, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import parse
 
 FAMILIES = ("dense", "mote", "mote-one-task", "mote-query", "moe", "comoe", "comoe-merged")
 BACKENDS = ("torch", "ort", "ort-int8", "ov", "ov-int8")
@@ -70,7 +71,8 @@ def build(family: str, work: Path, base: str) -> tuple[Path, torch.nn.Module]:
     from moe_embed.convert.onnx_checks import quantize_checked
     from moe_embed.convert.onnx_folder import write_folder_files
     from moe_embed.convert.onnx_graph import SentenceEmbeddingGraph, build_graph, export_graph, graph_inputs, session
-    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
 
     out = work / f"{family}-onnx"
     if family == "dense":
@@ -84,7 +86,7 @@ def build(family: str, work: Path, base: str) -> tuple[Path, torch.nn.Module]:
     options = {"mote": {}, "moe": {"arch": "moe", "expert_noise": 0.02}, "comoe": {"arch": "comoe"}}
     source = work / family.split("-")[0]  # mote-query, mote-one-task, comoe-merged: the mote and comoe folders
     if not source.exists():
-        upcycle(UpcycleOptions(output=source, base=base, **options[source.name]))
+        upcycle(upcycle_options(output=source, base=base, **options[source.name]))
     task = "query" if family == "mote-query" else None
     if family == "comoe-merged":
         source = merge(MergeOptions(source, work / family, calibration=CALIBRATION_TEXTS))

@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 from benchmarks.common import BASE_HELP
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.modeling.defaults import prompt_key
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.options import command_parser, parse
 
 REPO = Path(__file__).resolve().parent.parent
 # the default rows: the SNLI triplets of the shared data folder beside the repository (its README describes them)
@@ -142,11 +143,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
 
     from moe_embed.convert.instruction_baseline import save_dense_with_prompts
-    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
 
     with tempfile.TemporaryDirectory() as tmp:
         dense_dir, mote_dir = str(Path(tmp) / "dense"), str(Path(tmp) / "mote")
-        upcycle(UpcycleOptions(output=mote_dir, base=args.base, no_verify=True))
+        upcycle(upcycle_options(output=mote_dir, base=args.base, verify=False))
         save_dense_with_prompts(mote_dir, dense_dir, base=args.base)
         folders = {"dense + prompts": dense_dir, "MoTE": mote_dir}
         options = {

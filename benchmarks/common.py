@@ -7,7 +7,7 @@ import statistics
 import time
 from typing import TYPE_CHECKING
 
-from moe_embed.usage import command_parser
+from moe_embed.options import command_parser
 
 if TYPE_CHECKING:
     import torch

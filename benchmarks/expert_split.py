@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import cpu_description, median_milliseconds
-from moe_embed.usage import command_parser, parse, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import command_parser, parse
 
 HIDDEN, INTERMEDIATE, EXPERTS = 384, 1536, 4
 VARIANTS = ("one FFN", "4 experts", "4 x shared weights", "stacked", "QMoE")

@@ -18,12 +18,14 @@ from pathlib import Path
 
 from benchmarks.bench_serving import int8_scores, score_cells, score_header
 from moe_embed.convert.export_onnx import ExportOptions, export_onnx
-from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.convert.options import upcycle_options
+from moe_embed.convert.upcycle import upcycle
 from moe_embed.data import DATA_DIR_HELP
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.evaluation.run import TASKS, load_tasks
 from moe_embed.files import read_json
 from moe_embed.folders import EXPERT_MODELS, open_model_folder
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.options import command_parser, parse
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         work = Path(tmp)
         folders = args.model_dirs
         if not folders:
-            upcycle(UpcycleOptions(output=work / "mote"))
+            upcycle(upcycle_options(output=work / "mote"))
             folders = [str(work / "mote")]
         for index, folder in enumerate(folders):
             out = work / f"onnx-{index}"

@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import cpu_description, dense_base, median_rates, prepare, random_ids, timing_parser
-from moe_embed.usage import parse, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import parse
 
 
 def export_variants(work: Path, graph, inputs: dict) -> dict[str, Path]:

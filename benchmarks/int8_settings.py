@@ -20,9 +20,11 @@ from benchmarks.common import add_base_option
 from moe_embed.convert.export_onnx import ExportOptions, export_onnx
 from moe_embed.convert.onnx_graph import embed, session
 from moe_embed.convert.onnx_int8 import quantize, row_cosines
-from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.convert.options import upcycle_options
+from moe_embed.convert.upcycle import upcycle
 from moe_embed.data import DATA_DIR_HELP, data_dir, load
-from moe_embed.usage import command_parser, parse, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import command_parser, parse
 
 SETTINGS = [  # (weights, per_channel, reduce_range, operators)
     ("QInt8", False, False, ("MatMul",)),
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     pairs = rows[: args.texts]  # column -> the first --texts values
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        upcycle(UpcycleOptions(output=work / "mote", base=args.base))
+        upcycle(upcycle_options(output=work / "mote", base=args.base))
         export_onnx(ExportOptions(model_dir=work / "mote", output=work / "onnx"))
         fp32 = work / "onnx" / "onnx" / "model.onnx"
         tokenizer = Tokenizer.from_file(str(work / "onnx" / "tokenizer.json"))  # as a client tokenises

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.common import cpu_description, median_milliseconds
-from moe_embed.usage import command_parser, parse, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import command_parser, parse
 
 HIDDEN = 384
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from moe_embed.usage import command_parser, parse, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import command_parser, parse
 
 
 def call_seconds(session, feed: dict, min_time: float) -> list[float]:

@@ -15,11 +15,11 @@ from tqdm.auto import tqdm
 
 from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_aea_card
 from moe_embed.convert.folder_writer import write_model_folder
+from moe_embed.errors import UsageError
 from moe_embed.files import atomic_output_dir, read_json, write_json
 from moe_embed.modeling.defaults import TASK_TYPE_EXPERTS, prompt_key
 from moe_embed.modeling.manifest import ST_MODULES
 from moe_embed.modeling.st_folder import PORTABLE_MODULES
-from moe_embed.usage import UsageError
 
 if TYPE_CHECKING:
     from moe_embed.convert.options import CalibrateOptions

@@ -24,6 +24,7 @@ from moe_embed.convert.checkpoint import (
 from moe_embed.convert.folder_writer import write_model_folder
 from moe_embed.convert.layout import comoe_adapter_keys, moe_rename, moe_router_key, mote_rename
 from moe_embed.convert.task_prefixes import leading_special_tokens, prefix_token_ids
+from moe_embed.errors import UsageError
 from moe_embed.files import atomic_output_dir
 from moe_embed.folders import BUNDLED_MODEL_ID, is_bundled
 from moe_embed.modeling.compat import REQUIREMENTS
@@ -35,10 +36,9 @@ from moe_embed.modeling.manifest import ST_MODULES
 from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 from moe_embed.modeling.modeling_moe import MoeBertModel
 from moe_embed.modeling.modeling_mote import MoteBertModel
-from moe_embed.usage import UsageError
 
 if TYPE_CHECKING:
-    from moe_embed.convert.options import UpcycleOptions
+    from moe_embed.convert.options import CoMoeOptions, MoeOptions, MoteOptions, UpcycleOptions
 
 logger = logging.getLogger(__name__)
 # the agreement with the dense model an untrained upcycled model must reach (fp32)
@@ -82,7 +82,7 @@ def make_config(config_cls, **kwargs):
         raise UsageError(str(error)) from None
 
 
-def build_mote(options: UpcycleOptions, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
+def build_mote(options: MoteOptions, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
     """MoTE: one expert per task in `expert_layers`, routed per sequence by the task."""
     tasks = options.tasks
     prefix_ids = {name: prefix_token_ids(tokenizer, prefix) for name, prefix in tasks.items()}
@@ -109,21 +109,20 @@ def build_mote(options: UpcycleOptions, dense_config: dict, dense_state: dict, t
     return Upcycled(model=model, prompts=sentence_transformers_prompts(tasks))
 
 
-def routed_config(config_cls, options: UpcycleOptions, dense_config: dict, dense_state: dict, **fields):
-    """The config of a top-k routed model (token MoE, CoMoE): the dense encoder's fields, the options shared by
-    both architectures (experts, top-k, load-balancing weight; each architecture's default where not given),
-    and `fields`."""
+def routed_config(config_cls, options: MoeOptions | CoMoeOptions, dense_config: dict, dense_state: dict, **fields):
+    """The config of a top-k routed model (token MoE, CoMoE): the dense encoder's fields, the options both
+    architectures have (experts, top-k, load-balancing weight; each with its own default), and `fields`."""
     return make_config(
         config_cls,
         **encoder_config_kwargs(dense_config, dense_state),
-        num_local_experts=options.shared("num_local_experts"),
-        num_experts_per_tok=options.shared("num_experts_per_tok"),
-        router_aux_loss_coef=options.shared("router_aux_loss_coef"),
+        num_local_experts=options.num_local_experts,
+        num_experts_per_tok=options.num_experts_per_tok,
+        router_aux_loss_coef=options.router_aux_loss_coef,
         **fields,
     )
 
 
-def build_moe(options: UpcycleOptions, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
+def build_moe(options: MoeOptions, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
     """Token-routed sparse MoE (Nomic Embed v2): every MoE layer's FFN copied into each expert."""
     config = routed_config(
         MoeBertConfig,
@@ -149,7 +148,7 @@ def build_moe(options: UpcycleOptions, dense_config: dict, dense_state: dict, to
     )
 
 
-def build_comoe(options: UpcycleOptions, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
+def build_comoe(options: CoMoeOptions, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
     """CoMoE-PEFT: the dense weights unchanged (frozen), LoRA experts with B = 0 and routers added."""
     config = routed_config(
         CoMoeBertConfig,
@@ -225,7 +224,7 @@ def write_upcycled(options: UpcycleOptions, source: Path, output: Path) -> Path:
     dense_config, dense_state = read_dense_checkpoint(source)
     tokenizer = load_tokenizer(source)
     upcycled = BUILDERS[options.arch](options, dense_config, dense_state, tokenizer)
-    if options.no_verify:
+    if not options.verify:
         logger.info("not checking against the dense model (--no-verify)")
     elif not upcycled.exact:
         logger.info(

@@ -19,7 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from moe_embed.convert.options import CalibrateOptions
-from moe_embed.usage import parse_options, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import parse_options
 
 
 def calibrate(options: CalibrateOptions) -> Path:

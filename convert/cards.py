@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from moe_embed.convert.layout import is_comoe_expert_key, parse_moe_key, parse_mote_key
+from moe_embed.errors import UsageError
 from moe_embed.files import read_json
 from moe_embed.modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS
-from moe_embed.usage import UsageError
 
 HUB_CARDS_DIR = Path(__file__).resolve().parent.parent / "hub_cards"
 

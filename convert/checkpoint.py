@@ -14,10 +14,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from moe_embed.convert.layout import DENSE_ARCHITECTURES, position_offset
+from moe_embed.errors import UsageError
 from moe_embed.files import read_json
 from moe_embed.folders import check_config_shape
 from moe_embed.modeling.manifest import TOKENIZER_FILES
-from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)
 

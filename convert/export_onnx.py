@@ -38,7 +38,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from moe_embed.convert.options import ExportOptions
-from moe_embed.usage import UsageError, parse_options, run_cli
+from moe_embed.errors import UsageError, run_cli
+from moe_embed.options import parse_options
 
 
 def export_onnx(options: ExportOptions) -> Path:

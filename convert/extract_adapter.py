@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from moe_embed.usage import UsageError, option, parse_options, run_cli
+from moe_embed.errors import UsageError, run_cli
+from moe_embed.options import option, parse_options
 
 
 def write_adapter_folder(folder: Path, target: Path, base: str | None = None) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from moe_embed.errors import UsageError
 from moe_embed.files import read_json
-from moe_embed.usage import UsageError
 
 
 def save_dense_with_prompts(expert_model: str | Path, output: str | Path, base: str | Path | None = None) -> Path:

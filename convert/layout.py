@@ -32,8 +32,8 @@ import re
 
 import torch
 
+from moe_embed.errors import UsageError
 from moe_embed.modeling.comoe_layer import is_adapter_key
-from moe_embed.usage import UsageError
 
 # model_type of a dense source -> the transformers class its exports are saved as
 DENSE_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}

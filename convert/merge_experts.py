@@ -23,19 +23,35 @@ from __future__ import annotations
 from pathlib import Path
 
 from moe_embed.convert.options import MergeOptions
-from moe_embed.usage import UsageError, parse_options, run_cli
+from moe_embed.errors import UsageError, run_cli
+from moe_embed.options import parse_options
 
 
 def merge(options: MergeOptions) -> Path:
     """Write the dense folder `options` describe; returns its path (validate, merge, write)."""
-    from moe_embed.convert.merging import write_merged
     from moe_embed.folders import EXPERT_MODELS, check_output, open_model_folder
 
     folder = open_model_folder(options.model_dir, EXPERT_MODELS)
     output = check_output(options.output, (folder.path,), options.overwrite)
     if folder.is_adapter and folder.model_type != "comoe_bert":
         raise UsageError(f"{folder.name} is an adapter-only folder of model_type={folder.model_type!r}")
+    if folder.model_type == "mote_bert" and options.selected:
+        check_task_names(folder.config, options.selected)
+    from moe_embed.convert.merging import write_merged  # the model code: once the inputs are known good
+
     return write_merged(folder, output, options)
+
+
+def check_task_names(config: dict, names: list[str]) -> None:
+    """A `UsageError` for a name in `names` that is not a task (or an alias of one) of a MoTE folder's
+    `config.json`, said as the model's config says it: read from the file, before the model is loaded."""
+    tasks, prefixes = list(config.get("tasks") or []), dict(config.get("task_prefixes") or {})
+    aliases = dict(config.get("task_aliases") or {})
+    unknown = [task for task in names if task not in tasks and task not in aliases]
+    if unknown:
+        valid = ", ".join(f"{t!r} (prefix {prefixes.get(t)!r})" for t in tasks)
+        also = ", ".join(f"{a!r}->{t!r}" for a, t in sorted(aliases.items()))
+        raise UsageError(f"Unknown task {unknown[0]!r}. Valid tasks: {valid}" + (f"; aliases: {also}" if also else ""))
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> Path:

@@ -24,12 +24,12 @@ from moe_embed.convert.checkpoint import (
 )
 from moe_embed.convert.folder_writer import write_model_folder
 from moe_embed.convert.layout import DENSE_ARCHITECTURES, parse_moe_key, parse_mote_key, position_offset
+from moe_embed.errors import UsageError
 from moe_embed.files import atomic_output_dir, read_json
 from moe_embed.folders import ModelFolder
 from moe_embed.modeling.defaults import prompt_key
 from moe_embed.modeling.manifest import FAMILY_TAGS, MERGE_TAGS
 from moe_embed.readers import read_texts
-from moe_embed.usage import UsageError
 
 if TYPE_CHECKING:
     from moe_embed.convert.options import MergeOptions

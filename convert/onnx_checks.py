@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from moe_embed.convert.onnx_graph import GRAPH_FILE, SentenceEmbeddingGraph, embed, graph_inputs, run_graph, session
-from moe_embed.usage import UsageError
+from moe_embed.errors import UsageError
 
 logger = logging.getLogger(__name__)
 

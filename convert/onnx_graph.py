@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from moe_embed.convert.onnx_layout import eager_attention, fastest_layout
+from moe_embed.errors import UsageError
 from moe_embed.files import read_json
-from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)
 

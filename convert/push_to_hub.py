@@ -25,10 +25,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.files import read_json
 from moe_embed.folders import PICKLE_SUFFIXES, open_model_folder
 from moe_embed.modeling.manifest import HUB_TAGS, MODEL_TYPE_TAGS
-from moe_embed.usage import UsageError, option, parse_options, run_cli
+from moe_embed.options import option, parse_options
 
 logger = logging.getLogger(__name__)
 

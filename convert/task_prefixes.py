@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
+from moe_embed.errors import UsageError
 from moe_embed.modeling.defaults import DEFAULT_TASK_PREFIXES
-from moe_embed.usage import UsageError
 
 
 def parse_task_prefixes(specs: list[str] | dict[str, str]) -> dict[str, str]:

@@ -17,26 +17,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moe_embed.convert.options import UpcycleOptions
-from moe_embed.usage import parse_options, run_cli
+from moe_embed.convert.options import UpcycleOptions, parse_upcycle_options
+from moe_embed.errors import run_cli
 
 
 def upcycle(options: UpcycleOptions) -> Path:
-    """Write the model folder `options` describe; returns its path.
+    """Write the model folder `options` describe (`MoteOptions`, `MoeOptions`, `CoMoeOptions`, or
+    `upcycle_options(arch, ...)`); returns its path.
 
     The base is opened first (a missing one is reported before anything about the output), then the
     output checked, then the model built, checked against the dense model and written atomically."""
     from moe_embed.folders import bundled_minilm_path, check_output, locate
 
     source = Path(bundled_minilm_path()) if options.base is None else locate(options.base)
-    output = check_output(options.output, (source,), options.overwrite)
+    output = check_output(options.output_path, (source,), options.overwrite)
     from moe_embed.convert.builders import write_upcycled  # the model code: imported once the inputs are known good
 
     return write_upcycled(options, source, output)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> Path:
-    return upcycle(parse_options(UpcycleOptions, argv, __doc__, prog))
+    return upcycle(parse_upcycle_options(argv, __doc__, prog))
 
 
 if __name__ == "__main__":

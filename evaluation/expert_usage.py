@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moe_embed.data import DATA_DIR_HELP
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.evaluation.run import load_tasks, select_tasks
 from moe_embed.folders import load_sentence_transformer
+from moe_embed.options import option, parse_options
 from moe_embed.readers import corpus_texts
-from moe_embed.usage import UsageError, option, parse_options, run_cli
 
 ROUTED_MODEL_TYPES = ("comoe_bert", "moe_bert")
 

@@ -24,10 +24,11 @@ import numpy as np
 
 from moe_embed import data as D
 from moe_embed.data import DATA_DIR_HELP
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.folders import load_sentence_transformer
 from moe_embed.modeling.defaults import prompt_key
+from moe_embed.options import option, parse_options
 from moe_embed.readers import corpus_texts
-from moe_embed.usage import UsageError, option, parse_options, run_cli
 
 TASKS = ("query", "document", "classification", "clustering")
 LABELS = {

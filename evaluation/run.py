@@ -21,8 +21,9 @@ import logging
 from dataclasses import dataclass
 
 from moe_embed.data import DATA_DIR_HELP
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.evaluation.tasks import SUITE
-from moe_embed.usage import UsageError, option, parse_options, run_cli
+from moe_embed.options import option, parse_options
 
 logger = logging.getLogger(__name__)
 

@@ -38,8 +38,9 @@ import yaml
 
 from experiments import prepare_data
 from experiments.common import TRAINING, evaluate, hub_data, moe_embed, run, shared_data, summary
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.folders import bundled_minilm_path
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.options import command_parser, parse
 
 logger = logging.getLogger("experiment")
 UPCYCLE = ["--arch", "moe", "--moe-layers", "all", "--num-local-experts", "8", "--num-experts-per-tok", "2"]

@@ -8,7 +8,8 @@ clustering task, mteb's score and the two protocols computed on the same embeddi
 from __future__ import annotations
 
 from moe_embed.data import DATA_DIR_HELP
-from moe_embed.usage import command_parser, parse, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import command_parser, parse
 
 TASKS = ("Banking77Clustering", "TRECClustering")
 

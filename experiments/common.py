@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 from experiments.shared_to_hub import SHARED_DATA, write_copies
+from moe_embed.errors import UsageError
 from moe_embed.evaluation.tasks import SUITE
 from moe_embed.folders import bundled_minilm_path
-from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent

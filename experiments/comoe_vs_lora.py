@@ -34,9 +34,10 @@ from pathlib import Path
 import yaml
 
 from experiments.common import TRAINING, evaluate, hub_data, moe_embed, prepare, run, saved_results, write_report
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.evaluation.run import TASKS, select_tasks
 from moe_embed.folders import bundled_minilm_path
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.options import command_parser, parse
 
 logger = logging.getLogger("experiment")
 VARIANTS = {
@@ -100,11 +101,11 @@ def trainable_parameters(variant: str, base: Path) -> int:
     from transformers import AutoConfig, AutoModel
 
     from moe_embed.convert.checkpoint import ENCODER_FIELDS
-    from moe_embed.training.config import AdapterConfig
+    from moe_embed.convert.options import CoMoeOptions
     from moe_embed.training.train import lora_config
 
     settings = variant_settings(variant)
-    adapter = AdapterConfig(**settings["adapter"])
+    adapter = CoMoeOptions(**settings["adapter"])
     dense = AutoConfig.from_pretrained(base)
     if settings["arch"] == "lora":
         from peft import get_peft_model

@@ -17,7 +17,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from moe_embed.usage import command_parser, parse, run_cli
+from moe_embed.errors import run_cli
+from moe_embed.options import command_parser, parse
 
 # candidate name -> (Hub dataset, split, text column, label column)
 CANDIDATES = {

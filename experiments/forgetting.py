@@ -42,10 +42,12 @@ import yaml
 
 from experiments.common import evaluate_command, hub_data, moe_embed, read_scores, report, run, shared_data
 from moe_embed.convert.instruction_baseline import save_dense_with_prompts
-from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+from moe_embed.convert.options import upcycle_options
+from moe_embed.convert.upcycle import upcycle
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.evaluation.run import TASKS
 from moe_embed.folders import bundled_minilm_path
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.options import command_parser, parse
 
 logger = logging.getLogger("experiment")
 
@@ -143,7 +145,7 @@ def config(out: Path, variant: str, seed: int) -> dict:
 def prepare(out: Path) -> None:
     """The dense model with MoTE's prompts (the IC model, and the untouched model scored with prompts)."""
     if not (out / "ic-base" / "config.json").exists():
-        upcycle(UpcycleOptions(output=out / "mote-prompts", overwrite=True))  # only its prompts are read
+        upcycle(upcycle_options(output=out / "mote-prompts", overwrite=True))  # only its prompts are read
         save_dense_with_prompts(out / "mote-prompts", out / "ic-base")
         shutil.rmtree(out / "mote-prompts")
 

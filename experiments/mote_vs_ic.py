@@ -26,9 +26,10 @@ from pathlib import Path
 import yaml
 
 from experiments.common import TRAINING, evaluate, moe_embed, prepare, run, saved_results, write_report
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.evaluation.run import select_tasks
 from moe_embed.folders import bundled_minilm_path
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.options import command_parser, parse
 
 logger = logging.getLogger(__name__)
 VARIANTS = ("ic", "mote", "static", "ea")

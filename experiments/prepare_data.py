@@ -29,8 +29,9 @@ from pathlib import Path
 
 from experiments.common import shared_data
 from moe_embed import readers as R
+from moe_embed.errors import run_cli
+from moe_embed.options import command_parser, parse
 from moe_embed.training.data_tools import write_rows
-from moe_embed.usage import command_parser, parse, run_cli
 
 CAPS = {
     "scifact": 600,

@@ -16,9 +16,10 @@ import json
 import shutil
 from pathlib import Path
 
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.files import atomic_output_dir
+from moe_embed.options import command_parser, parse
 from moe_embed.readers import read_jsonl, read_tsv
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 SHARED_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 

@@ -2,13 +2,14 @@
 
 One command for every tool of the package; `moe-embed SUBCOMMAND --help` describes each. A subcommand
 is a thin parser over a typed function that code can call too
-(`moe_embed.convert.upcycle.upcycle(UpcycleOptions(...))`, `moe_embed.training.train.train(...)`, ...);
+(`moe_embed.convert.upcycle.upcycle(MoeOptions(...))`, `moe_embed.training.train.train(...)`, ...);
 `python -m moe_embed SUBCOMMAND`, `python convert/upcycle.py` and `python -m moe_embed.training.train` are the
 same commands. Bad input ends with one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -44,15 +45,20 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `moe-embed SUBCOMMAND ...` (the console script); returns the exit code."""
-    from moe_embed.usage import run_cli
+    from moe_embed.errors import run_cli
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage(), file=sys.stdout if argv else sys.stderr)
-        return 0 if argv else 2
+    if not argv:
+        print("error: name a subcommand (see moe-embed --help)", file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"error: unknown subcommand {name!r}; expected one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        close = difflib.get_close_matches(name, SUBCOMMANDS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        print(f"error: unknown subcommand {name!r}; {hint}expected one of {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
     module, entry, _ = SUBCOMMANDS[name]
     function = getattr(importlib.import_module(module), entry)

@@ -24,7 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
+from moe_embed.errors import UsageError, run_cli
+from moe_embed.options import command_parser, parse
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from moe_embed.errors import UsageError
 from moe_embed.folders import check_output
-from moe_embed.usage import UsageError
 
 
 def read_json(path: str | os.PathLike):

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from moe_embed.usage import UsageError
+from moe_embed.errors import UsageError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # what a Hub snapshot brings: everything a folder needs, nothing that would be unpickled or is unused here

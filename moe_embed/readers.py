@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from moe_embed.usage import UsageError
+from moe_embed.errors import UsageError
 
 
 def read_tsv(path: Path) -> list[dict[str, str]]:

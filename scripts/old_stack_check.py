@@ -78,11 +78,12 @@ def make(out: Path) -> None:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
 
-    upcycle(UpcycleOptions(output=out / "mote"))
-    upcycle(UpcycleOptions(output=out / "moe", arch="moe", expert_noise=0.02))
-    upcycle(UpcycleOptions(output=out / "comoe", arch="comoe"))
+    upcycle(upcycle_options(output=out / "mote"))
+    upcycle(upcycle_options(output=out / "moe", arch="moe", expert_noise=0.02))
+    upcycle(upcycle_options(output=out / "comoe", arch="comoe"))
     generator = torch.Generator().manual_seed(0)
     for family in ("mote", "comoe"):  # make the experts differ, as training would, in the converter's folder
         path = out / family / "model.safetensors"

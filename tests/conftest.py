@@ -139,9 +139,10 @@ def minilm_path() -> str:
 
 def upcycled(tmp_path_factory, base: str, name: str, **options) -> str:
     """`base` upcycled with the converter's defaults and `options`, into a fresh folder."""
-    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
 
-    return str(upcycle(UpcycleOptions(base=base, output=tmp_path_factory.mktemp("models") / name, **options)))
+    return str(upcycle(upcycle_options(base=base, output=tmp_path_factory.mktemp("models") / name, **options)))
 
 
 @pytest.fixture(scope="session")
@@ -383,7 +384,7 @@ def run_isolated(code: str, *args: str, timeout: int = 300) -> str:
 
 def run_main(main, *args: str, capsys) -> tuple[int, str]:
     """Run a converter's `main` in this process (fast) as its command line would; (exit code, stderr)."""
-    from moe_embed.usage import run_cli
+    from moe_embed.errors import run_cli
 
     try:
         run_cli(main, list(args))

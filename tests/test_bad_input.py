@@ -101,7 +101,7 @@ def test_training_never_overwrites_silently(dense_path, tmp_path, capsys):
     (output / "keep.txt").write_text("mine")
     config = _train_config(tmp_path, dense_path, output)
     code, err = run_main(train_main, "--config", str(config), capsys=capsys)
-    _one_line(code, err, "overwrite_output_dir: true (or --overwrite)")
+    _one_line(code, err, "overwrite_output_dir: true (or --overwrite-output-dir)")
     assert (output / "keep.txt").read_text() == "mine"
     # the model folder itself is refused even when overwriting is allowed
     model = tmp_path / "model"

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from moe_embed.usage import UsageError, run_cli
+from moe_embed.errors import UsageError, run_cli
 
 
 def _main_raising(error):
@@ -57,11 +57,13 @@ def test_help_texts_say_what_each_command_and_option_does(argv, expected, capsys
 
 def test_the_parser_is_generated_from_the_options_fields(capsys):
     """`options_parser` reads each `option()` field once: a positional, a required flag, a typed default, a bool
-    flag, choices, a group; what it parses builds the dataclass, whose own check runs."""
+    flag (a true one with its `--no-` form), choices from a `Literal`, a list spelt with commas or the word it
+    is, a group; what it parses builds the dataclass, whose own check runs."""
     import argparse
     from dataclasses import dataclass
+    from typing import Literal
 
-    from moe_embed.usage import option, options_parser, parse_options
+    from moe_embed.options import option, options_parser, parse_options
 
     @dataclass
     class Options:
@@ -70,23 +72,34 @@ def test_the_parser_is_generated_from_the_options_fields(capsys):
         count: int = option(3, help="how many")
         ratio: float | None = option(help="a ratio", group="tuning")
         fast: bool = option(False, help="go fast")
-        mode: str = option("a", choices=("a", "b"), help="the mode")
+        check: bool = option(True, help="check the result")
+        mode: Literal["a", "b"] = option("a", help="the mode")
+        layers: str | list[int] = option("all", help="layers")
         internal: int = 7  # not an option: no help, not on the command line
 
         def __post_init__(self):
             if self.count < 1:
                 raise UsageError("--count must be at least 1")
 
-    parsed = parse_options(Options, ["m", "--output", "o", "--count", "5", "--ratio", "0.5", "--fast"], None)
-    assert parsed == Options("m", "o", count=5, ratio=0.5, fast=True, mode="a", internal=7)
+    argv = ["m", "--output", "o", "--count", "5", "--ratio", "0.5", "--fast", "--no-check", "--layers", "1,3"]
+    parsed = parse_options(Options, argv, None)
+    assert parsed == Options("m", "o", count=5, ratio=0.5, fast=True, check=False, layers=[1, 3], internal=7)
+    assert parse_options(Options, ["m", "--output", "o", "--layers", "every_other"], None).layers == "every_other"
     assert parse_options(Options, ["m", "--output", "o"], None) == Options("m", "o")
     parser = options_parser(Options, None, prog="tool")
     assert "--internal" not in parser.format_help() and "how many (default: 3)" in parser.format_help()
+    assert "--check, --no-check" in parser.format_help()
     assert [group.title for group in parser._action_groups][-1] == "tuning"
+    capsys.readouterr()
     for argv in (["m"], ["m", "--output", "o", "--mode", "c"], ["m", "--output", "o", "--count", "x"]):
-        with pytest.raises(SystemExit):  # a missing required flag, a bad choice, a bad type: argparse's exit 2
+        with pytest.raises(SystemExit) as stop:  # a missing required flag, a bad choice, a bad type
             parse_options(Options, argv, None)
-    assert "--output" in capsys.readouterr().err
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and err.startswith("error: "), err  # one line, not argparse's usage
+    with pytest.raises(SystemExit):  # no abbreviations: --coun is not --count
+        parse_options(Options, ["m", "--output", "o", "--coun", "4"], None)
+    assert "unrecognized arguments: --coun 4; did you mean --count?" in capsys.readouterr().err
     with pytest.raises(UsageError, match="--count must be at least 1"):
         parse_options(Options, ["m", "--output", "o", "--count", "0"], None)
     assert isinstance(parser, argparse.ArgumentParser)
@@ -118,7 +131,7 @@ def test_a_library_line_its_own_handler_printed_is_not_printed_again(capsys):
     import io
     import logging
 
-    from moe_embed.usage import set_verbosity
+    from moe_embed.logs import set_verbosity
 
     own = io.StringIO()
     library = logging.getLogger("some_library")
@@ -151,43 +164,177 @@ def test_help_names_no_folder_of_this_repository_s_neighbours(name, capsys):
     [
         ({"expert_layers": 1.5}, "upcycle.expert_layers must be a str or a list[int], got 1.5"),
         ({"expert_layers": ["1"]}, "upcycle.expert_layers must be a str or a list[int], got ['1']"),
-        ({"seed": "x"}, "upcycle.seed must be an integer, got 'x'"),
-        ({"num_experts": 3}, "upcycle: 'num_experts' is now 'num_local_experts'"),
+        ({"dtype": "int4"}, "unknown upcycle.dtype 'int4'; expected one of float32, float16, bfloat16"),
+        ({"num_local_experts": 3}, "unknown key 'num_local_experts' in upcycle"),  # a MoE option, not MoTE's
     ],
 )
 def test_the_upcycle_section_is_read_by_the_one_typed_loader(section, message):
-    """`upcycle:` is `UpcycleOptions` read by the same loader as the rest of the YAML: values of the wrong type
-    are refused naming the key and the types it takes (the options' own checks follow)."""
-    from moe_embed.convert.options import UpcycleOptions
-    from moe_embed.usage import UsageError, from_mapping
+    """`upcycle:` is the arch's options class read by the same loader as the rest of the YAML: values of the wrong
+    type are refused naming the key and the types it takes (the options' own checks follow)."""
+    from moe_embed.convert.options import MoeOptions, MoteOptions
+    from moe_embed.errors import UsageError
+    from moe_embed.options import from_mapping
 
-    read = from_mapping(UpcycleOptions, {"expert_layers": [1, 3], "tasks": {"query": "q: "}}, "upcycle")
+    read = from_mapping(MoteOptions, {"expert_layers": [1, 3], "tasks": {"query": "q: "}}, "upcycle")
     assert (read.expert_layers, read.tasks) == ([1, 3], {"query": "q: "})
     with pytest.raises(UsageError, match=re.escape(message)):
-        from_mapping(UpcycleOptions, section, "upcycle")
+        from_mapping(MoteOptions, section, "upcycle")
+    with pytest.raises(UsageError, match=re.escape("upcycle.seed must be an integer, got 'x'")):
+        from_mapping(MoeOptions, {"seed": "x"}, "upcycle")
+    with pytest.raises(UsageError, match=re.escape("upcycle: 'num_experts' is now 'num_local_experts'")):
+        from_mapping(MoeOptions, {"num_experts": 3}, "upcycle")
 
 
-def test_the_training_adapter_section_is_upcycles_comoe_options():
-    """Training's `adapter:` keys are exactly the options `moe-embed upcycle --help` shows for CoMoE (but the
-    run's `seed`), with the same defaults CoMoE's config gets: one declaration serves both."""
+def test_one_options_class_per_architecture():
+    """Each architecture has its own typed options with its own defaults (those of its model config), built by
+    name in Python (`upcycle_options`) as `--arch` picks them; a former name is refused naming the new one, in
+    Python as on the command line; an option of another architecture names the ones it applies to."""
     import pickle
-    from dataclasses import fields
 
-    from moe_embed.convert.options import UpcycleOptions
+    from moe_embed.convert.options import (
+        ARCH_OPTIONS,
+        CoMoeOptions,
+        MoeOptions,
+        MoteOptions,
+        UpcycleOptions,
+        upcycle_options,
+    )
     from moe_embed.modeling.configuration_comoe import CoMoeBertConfig
-    from moe_embed.training.config import AdapterConfig
-    from moe_embed.usage import options_parser
+    from moe_embed.modeling.configuration_moe import MoeBertConfig
 
-    parser = options_parser(UpcycleOptions, None)
-    comoe = {
-        action.dest
-        for group in parser._action_groups
-        if "comoe" in (group.title or "")
-        for action in group._group_actions
-    }
-    assert {f.name for f in fields(AdapterConfig)} == comoe - {"seed"}
-    defaults = AdapterConfig()
+    assert ARCH_OPTIONS == {"mote": MoteOptions, "moe": MoeOptions, "comoe": CoMoeOptions}
+    for options, config in ((MoeOptions(), MoeBertConfig()), (CoMoeOptions(), CoMoeBertConfig())):
+        for name in ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef"):
+            assert getattr(options, name) == getattr(config, name), (type(options).__name__, name)
+    assert MoeOptions().num_local_experts != CoMoeOptions().num_local_experts  # typed per arch, not None
+    moe = upcycle_options("moe", expert_noise=0.02)
+    assert type(moe) is MoeOptions and moe.expert_noise == 0.02 and moe.output_path.name == "moe-minilm"
+    assert pickle.loads(pickle.dumps(moe)) == moe
+    for call in (lambda: UpcycleOptions(num_experts=4), lambda: MoeOptions(num_experts=4)):
+        with pytest.raises(TypeError, match="num_experts is now num_local_experts"):
+            call()
+    with pytest.raises(UsageError, match=re.escape("--lora-rank only apply to --arch comoe")):
+        upcycle_options("moe", lora_rank=4)
+    with pytest.raises(UsageError, match="unknown router_init 'zero'; expected one of normal, zeros"):
+        MoeOptions(router_init="zero")
+
+
+def test_the_training_adapter_section_is_the_comoe_options_class():
+    """Training's `adapter:` is `CoMoeOptions` itself: the CoMoE options `moe-embed upcycle --arch comoe` takes,
+    with the same defaults CoMoE's config gets; the fields the run sets itself (base, output, seed, ...) are
+    refused there, and the help lists only the others."""
+    import pickle
+    import typing
+
+    from moe_embed.convert.options import CoMoeOptions
+    from moe_embed.modeling.configuration_comoe import CoMoeBertConfig
+    from moe_embed.options import from_mapping
+    from moe_embed.training.config import SET_BY_THE_RUN, TrainingConfig, describe_options
+
+    assert typing.get_type_hints(TrainingConfig)["adapter"] is CoMoeOptions
+    defaults = CoMoeOptions()
     assert pickle.loads(pickle.dumps(defaults)) == defaults  # a training config travels to launcher processes
     config = CoMoeBertConfig()
     for name in ("num_local_experts", "num_experts_per_tok", "lora_rank", "lora_alpha", "contrastive_loss_coef"):
         assert getattr(defaults, name) == getattr(config, name), name
+    tasks = {"retrieval": [{"path": "pairs.jsonl"}]}
+    read = from_mapping(TrainingConfig, {"tasks": tasks, "arch": "comoe", "adapter": {"lora_rank": 4}})
+    assert read.adapter.lora_rank == 4
+    for key, value in (("seed", 3), ("output", "x")):
+        with pytest.raises(UsageError, match=f"adapter.{key} is set by the run itself"):
+            from_mapping(TrainingConfig, {"tasks": tasks, "arch": "comoe", "adapter": {key: value}})
+    with pytest.raises(UsageError, match="adapter: 'rank' is now 'lora_rank'"):
+        from_mapping(TrainingConfig, {"tasks": tasks, "adapter": {"rank": 4}})
+    listed = describe_options()
+    assert "lora_rank: int" in listed and not any(f"    {name}:" in listed for name in SET_BY_THE_RUN)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["upcycle", "--num-experts", "8"], "error: --num-experts is now --num-local-experts"),
+        (["upcycle", "--arch", "moe", "--num-expert", "8"], "did you mean --num-local-experts?"),  # no abbreviations
+        (["upcycle", "--num-expert", "8"], "unrecognized arguments: --num-expert 8"),
+        (["merge", "m", "--output", "o", "--weights", "1,x"], "expected comma-separated numbers, got '1,x'"),
+        (["merge", "m"], "the following arguments are required: --output"),
+        (["train", "--overwrite"], "--overwrite is now --overwrite-output-dir"),
+        (["train", "--config", "c.yaml", "--bogus"], "unrecognized arguments: --bogus"),
+        ([], "error: name a subcommand (see moe-embed --help)"),
+    ],
+)
+def test_an_option_error_is_one_line_and_exit_2(argv, message, capsys):
+    """argparse prints its whole usage before the one line that says what is wrong: here only that line is
+    printed (and `moe-embed` without a subcommand says so in one line)."""
+    from moe_embed.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "cannot be reached" not in line]  # the offline notice
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert "is now --num-experts" not in err and "--num-experts," not in err  # a retired name is never offered
+
+
+def test_help_shows_the_defaults_that_are_zero(capsys):
+    from moe_embed.convert.upcycle import main
+
+    with pytest.raises(SystemExit):
+        main(["--arch", "moe", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag in ("--seed", "--expert-noise", "--router-z-loss-coef", "--router-jitter-noise"):
+        assert re.search(re.escape(flag) + r" [A-Z_]+ [^()]*\(default: 0(\.0)?\)", text), flag
+
+
+@pytest.mark.slow
+def test_input_checks_answer_before_torch_is_imported(mote_dir, tmp_path):
+    """A wrong --default-task, training into an existing output and a retired key of a training config are
+    refused in one line before torch is imported; a task a MoTE folder does not have (`merge --task`, read from
+    its config.json) before any model is loaded (the test's `tmp_path` gets no output)."""
+    import json
+    import subprocess
+    import sys
+
+    output = tmp_path / "trained"
+    output.mkdir()
+    config = {"tasks": {"retrieval": [{"path": "pairs.jsonl"}]}, "output_dir": str(output)}
+    existing, retired = tmp_path / "existing.yaml", tmp_path / "retired.yaml"
+    existing.write_text(json.dumps(config))
+    retired.write_text(json.dumps({**config, "arch": "moe", "upcycle": {"num_experts": 4}}))
+    runs = [
+        ["upcycle", "--default-task", "nope", "--output", str(tmp_path / "u")],
+        ["train", "--config", str(existing)],
+        ["train", "--config", str(retired)],
+        ["merge", mote_dir, "--task", "nope", "--output", str(tmp_path / "m")],  # last: it reads the adapter
+    ]
+    code = (
+        "import io, json, sys\nfrom contextlib import redirect_stderr\nfrom moe_embed.cli import main\nout = []\n"
+        "for argv in json.loads(sys.argv[1]):\n    err = io.StringIO()\n    with redirect_stderr(err):\n"
+        "        try:\n            code = main(argv)\n"
+        "        except SystemExit as stop:\n            code = stop.code\n"
+        "    out.append([code, err.getvalue(), 'torch' in sys.modules])\nprint(json.dumps(out))\n"
+    )
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(runs)], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    expected = ["Unknown task 'nope'", "already exists", "'num_experts' is now", "Unknown task 'nope'"]
+    for (status, err, _), message in zip(report, expected, strict=True):
+        assert status == 2 and len(err.splitlines()) == 1 and message in err, err
+    # merge reads the folder's adapter settings through the model code (torch), but loads no model
+    assert [torch for _, _, torch in report[:3]] == [False, False, False]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing.yaml", "retired.yaml", "trained"]
+
+
+def test_the_schedules_a_config_takes_are_transformers_names():
+    """`lr_scheduler_type` is checked without importing transformers, against a copy of its names: the copy is
+    the installed transformers' `SchedulerType`."""
+    import typing
+
+    from transformers.trainer_utils import SchedulerType
+
+    from moe_embed.training.config import Schedule
+
+    assert set(typing.get_args(Schedule)) == {kind.value for kind in SchedulerType}

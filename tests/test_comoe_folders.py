@@ -98,12 +98,12 @@ def test_upcycled_folder_layout(comoe_dir, dense_path):
 def test_the_bundled_base_is_named_by_its_hub_id():
     """Folders made from the bundled MiniLM name it by its Hub id, never by its path inside a virtual environment."""
     from moe_embed.convert.builders import base_name
-    from moe_embed.convert.upcycle import UpcycleOptions
+    from moe_embed.convert.options import upcycle_options
     from moe_embed.folders import BUNDLED_MODEL_ID, bundled_minilm_path
 
-    assert base_name(UpcycleOptions(arch="comoe")) == BUNDLED_MODEL_ID
-    assert base_name(UpcycleOptions(arch="comoe", base=bundled_minilm_path())) == BUNDLED_MODEL_ID
-    assert base_name(UpcycleOptions(arch="comoe", base="someone/model")) == "someone/model"
+    assert base_name(upcycle_options(arch="comoe")) == BUNDLED_MODEL_ID
+    assert base_name(upcycle_options(arch="comoe", base=bundled_minilm_path())) == BUNDLED_MODEL_ID
+    assert base_name(upcycle_options(arch="comoe", base="someone/model")) == "someone/model"
 
 
 def test_an_adapter_load_reports_nothing_missing_and_leaves_the_class_alone(trained_folders, tmp_path):

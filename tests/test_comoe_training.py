@@ -8,9 +8,9 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from moe_embed.errors import UsageError
 from moe_embed.training.config import TrainingConfig, from_mapping
 from moe_embed.training.train import main as train_main
-from moe_embed.usage import UsageError
 
 ADAPTER_SUFFIXES = (".lora_A", ".lora_B", ".router.weight")
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import FIXTURE_DATA, REPO, run_main
 
 from moe_embed import data as D
-from moe_embed.usage import UsageError
+from moe_embed.errors import UsageError
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
+from moe_embed.errors import run_cli
 from moe_embed.training.data_tools import consistency_keep, main, positive_index
-from moe_embed.usage import run_cli
 
 PAIRS = [
     {"anchor": "what do cats eat", "positive": "Cats eat meat and fish."},

@@ -7,9 +7,9 @@ import json
 import pytest
 from conftest import FIXTURE_DATA
 
+from moe_embed.errors import UsageError
 from moe_embed.training.config import DatasetSpec
 from moe_embed.training.datasets import load_rows, read_rows
-from moe_embed.usage import UsageError
 
 
 def test_labelled_split_pairs_texts_of_one_label_with_distinct_positives(tmp_path):

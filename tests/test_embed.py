@@ -82,7 +82,7 @@ def failing_once(how: str, marker: Path) -> type[ShardWorker]:
 ALWAYS_FAILING_JOB = """
 import os, sys
 from moe_embed.training.embed import ShardWorker, main
-from moe_embed.usage import run_cli
+from moe_embed.errors import run_cli
 
 how, index = sys.argv[1], int(sys.argv[2])
 
@@ -372,7 +372,7 @@ SLOW_START_JOB = """
 import sys, time
 from pathlib import Path
 from moe_embed.training.embed import ShardWorker, main
-from moe_embed.usage import run_cli
+from moe_embed.errors import run_cli
 
 marker = Path(sys.argv[1])
 

@@ -7,10 +7,10 @@ import json
 import pytest
 from conftest import FIXTURE_DATA, requires_shared_data
 
+from moe_embed.errors import run_cli
 from moe_embed.evaluation.run import TASKS
 from moe_embed.evaluation.run import main as run_main
 from moe_embed.evaluation.tasks import DEV_SETS, SUITE, get_task
-from moe_embed.usage import run_cli
 
 
 def test_suite_types_and_dev_sets_are_mtebs():

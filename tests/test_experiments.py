@@ -302,7 +302,7 @@ def test_forgetting_report_only_reports_every_variant_with_results(tmp_path):
 
 def test_shared_data_is_the_environment_folder_else_one_line(tmp_path, monkeypatch, capsys):
     from experiments.common import shared_data
-    from moe_embed.usage import UsageError
+    from moe_embed.errors import UsageError
 
     monkeypatch.setenv("MOE_EMBED_SHARED", str(tmp_path))
     assert shared_data() == tmp_path

@@ -45,7 +45,7 @@ def imports_of(source: str) -> list[tuple[int, str]]:
 
 
 def layer_of_import(name: str) -> str | None:
-    """The layer an import names (`moe_embed.convert.upcycle` -> convert, `moe_embed.usage` -> moe_embed), or
+    """The layer an import names (`moe_embed.convert.upcycle` -> convert, `moe_embed.errors` -> moe_embed), or
     None for another package's."""
     parts = name.split(".")
     if parts[0] != "moe_embed":
@@ -99,7 +99,7 @@ def test_the_layer_check_can_fail():
         "convert/x.py": "from moe_embed.evaluation.run import TASKS\n",  # sideways
         "moe_embed/y.py": "import moe_embed.convert.upcycle\n",  # up
         "evaluation/v.py": "from training.train import train\n",  # the old top-level name
-        "modeling/z.py": "from moe_embed.usage import UsageError\nimport numpy\n",  # model code importing the package
+        "modeling/z.py": "from moe_embed.errors import UsageError\nimport numpy\n",  # model code importing the package
         "modeling/w.py": "from sentence_transformers import SentenceTransformer\n",  # not an st_ module
         # down
         "training/ok.py": "from moe_embed.convert.upcycle import upcycle\nfrom moe_embed.evaluation import run\n",

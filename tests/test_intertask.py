@@ -7,8 +7,8 @@ import pytest
 from conftest import save_trained_copy
 
 from moe_embed.convert.instruction_baseline import save_dense_with_prompts
+from moe_embed.errors import run_cli
 from moe_embed.evaluation.intertask import TASKS, main, pair_similarities, welch_less
-from moe_embed.usage import run_cli
 
 TEXTS = [
     "The cat sat on the mat.",

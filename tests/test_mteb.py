@@ -10,8 +10,8 @@ from conftest import FIXTURE_DATA, record_experts
 from scipy.stats import spearmanr
 from sentence_transformers import SentenceTransformer
 
+from moe_embed.errors import UsageError
 from moe_embed.evaluation.tasks import get_task, load, run, score
-from moe_embed.usage import UsageError
 
 # the suite's task of each kind, and the MoTE tasks whose experts must encode it (retrieval: queries and documents)
 ROUTES = {

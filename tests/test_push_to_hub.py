@@ -101,7 +101,7 @@ def test_folder_failing_validation_is_not_uploaded(tiny_mote_dir, tmp_path):
 
 def test_bad_repo_id_and_missing_weights(tiny_mote_dir, tmp_path, capsys):
     from moe_embed.convert.push_to_hub import main
-    from moe_embed.usage import run_cli
+    from moe_embed.errors import run_cli
 
     def run(*args):
         with pytest.raises(SystemExit) as exit_:

@@ -135,9 +135,10 @@ def test_task_without_prefix_option(mote_dir):
 
 
 def test_prefix_routes_only_folder_embeds_plain_text_as_the_dense_model(dense_path, tmp_path, st_dense):
-    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
 
-    folder = upcycle(UpcycleOptions(base=dense_path, output=tmp_path / "route-only", prefix_routes_only=True))
+    folder = upcycle(upcycle_options(base=dense_path, output=tmp_path / "route-only", prefix_routes_only=True))
     model = SentenceTransformer(str(folder), trust_remote_code=True)
     assert model[0].auto_model.config.prefix_routes_only is True
     reference = st_dense.encode(TEXTS, convert_to_tensor=True)

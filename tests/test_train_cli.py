@@ -7,11 +7,11 @@ import pytest
 import yaml
 from sentence_transformers import SentenceTransformer
 
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.training.config import TrainingConfig, describe_options
 from moe_embed.training.tasks import TASK_TYPES
 from moe_embed.training.train import build_entries, load_config, read_datasets
 from moe_embed.training.train import main as train_main
-from moe_embed.usage import UsageError, run_cli
 
 
 def _jsonl(path, rows):
@@ -193,6 +193,32 @@ def test_help_lists_every_option_from_the_dataclass(capsys):
     for cls in (TrainingConfig, LossConfig):
         for field in fields(cls):
             assert f"{field.name}: " in out and field.metadata["help"] in out
+
+
+def test_the_command_line_sets_config_fields_by_their_own_names(workdir, mote_dir, monkeypatch):
+    """`--overwrite-output-dir` and `--data-dir` are the config's `overwrite_output_dir` and `data_dir` (generated
+    from those fields, so each has one name; the command line wins); `--overwrite` names its replacement."""
+    import moe_embed.training.train as train_module
+
+    seen = {}
+    monkeypatch.setattr(train_module, "train", lambda config, base: seen.setdefault("config", config))
+    path = _config(workdir, mote_dir)
+    train_main(["--config", str(path), "--overwrite-output-dir", "--data-dir", "elsewhere"])
+    assert seen["config"].overwrite_output_dir is True and seen["config"].data_dir == "elsewhere"
+    with pytest.raises(SystemExit):
+        train_main(["--config", str(path), "--overwrite"])
+
+
+def test_batches_are_not_pinned_without_an_accelerator(workdir, mote_dir):
+    """Pinning host memory needs an accelerator: without one, torch warns on every loader that it is not used
+    (a warning and its source line, `super().__init__(loader)`, in every run's output)."""
+    import torch
+
+    from moe_embed.training.train import training_arguments
+
+    config = load_config(_config(workdir, mote_dir))
+    args = training_arguments(config, workdir / "out", {})
+    assert args.dataloader_pin_memory is torch.cuda.is_available()
 
 
 DISTRIBUTED_RUN = """

@@ -10,12 +10,12 @@ import torch
 from conftest import FIXTURE_DATA, REPO, run_main
 from safetensors.torch import load_file
 
+from moe_embed.errors import UsageError
 from moe_embed.training.config import TrainingConfig, from_mapping
 from moe_embed.training.dev import BestOnDev
 from moe_embed.training.train import main as train_main
 from moe_embed.training.train import train
 from moe_embed.training.trainer import TaskAwareTrainer
-from moe_embed.usage import UsageError
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from moe_embed.convert.checkpoint import map_state_dict
 from moe_embed.convert.instruction_baseline import save_dense_with_prompts
 from moe_embed.convert.upcycle import main as upcycle_main
-from moe_embed.usage import UsageError
+from moe_embed.errors import UsageError
 
 
 def upcycle(capsys, *args) -> tuple[int, str]:

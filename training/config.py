@@ -8,24 +8,35 @@ an error naming the expected type), and `describe_options` renders the option li
 
 from __future__ import annotations
 
-import typing
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
+from typing import Literal
 
-from moe_embed.convert.options import arch_options
+from moe_embed.convert.options import ARCH_OPTIONS, CoMoeOptions, UpcycleOptions
+from moe_embed.errors import UsageError
+from moe_embed.options import from_mapping, hints, option, type_name
 from moe_embed.training.tasks import TASK_TYPES, task_type
-from moe_embed.usage import UsageError, from_mapping, option, type_name
 
 CURRICULA = ("task_aware", "static")
+# transformers' `SchedulerType` values, written here so that a config is checked without importing transformers
+# (and torch: seconds); `tests/test_cli_contract.py` checks that they are the installed transformers' names
+Schedule = Literal[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+    "greedy",
+]
 ARCHES = ("mote", "moe", "comoe", "lora")
 TRAINABLE = ("all", "experts")
 REGULARIZERS = ("none", "distill", "l2")
-
-
-def _help(text: str, default=MISSING, **kwargs):
-    """A config field carrying its help text (as peft's and transformers' configs do): the command line's
-    `option`, with the text first, as the YAML's keys read best."""
-    return option(default, help=text, required=default is MISSING and "default_factory" not in kwargs, **kwargs)
 
 
 @dataclass
@@ -33,34 +44,36 @@ class DatasetSpec:
     """One training set: a local file (`path`) or a Hub dataset (`hub`), in one of
     `moe_embed.training.datasets.FORMATS`."""
 
-    path: str | None = _help(
-        "local file or folder: absolute, relative to the working directory, or starting with {data}/ for the data "
+    path: str | None = option(
+        None,
+        help="local file or folder: absolute, relative to the working directory, or starting with {data}/ for the data "
         "folder (give path or hub)",
-        None,
     )
-    hub: str | None = _help(
-        "Hub dataset id, e.g. sentence-transformers/all-nli, read with datasets.load_dataset (from the data "
+    hub: str | None = option(
+        None,
+        help="Hub dataset id, e.g. sentence-transformers/all-nli, read with datasets.load_dataset (from the data "
         "folder's copy when it has one)",
-        None,
     )
-    subset: str | None = _help("hub: the dataset's subset (config name), e.g. triplet", None)
-    revision: str | None = _help("hub: a branch, tag or commit (default: the catalogue's pin, else main)", None)
-    columns: list[str] | None = _help(
-        "hub pairs: the columns that become anchor, positive[, negative], in that order (default: the "
+    subset: str | None = option(None, help="hub: the dataset's subset (config name), e.g. triplet")
+    revision: str | None = option(None, help="hub: a branch, tag or commit (default: the catalogue's pin, else main)")
+    columns: list[str] | None = option(
+        None,
+        help="hub pairs: the columns that become anchor, positive[, negative], in that order (default: the "
         "dataset's columns in order, as sentence-transformers reads them)",
-        None,
     )
-    name: str | None = _help("name of the dataset's trainer entry (default: the file's stem or the Hub name)", None)
-    format: str = _help(
-        "pairs (anchor/positive[/negative] rows), labelled (text and label: texts paired by label) or beir "
-        "(query -> relevant document)",
+    name: str | None = option(
+        None, help="name of the dataset's trainer entry (default: the file's stem or the Hub name)"
+    )
+    format: str = option(
         "pairs",
+        help="pairs (anchor/positive[/negative] rows), labelled (text and label: texts paired by label) or beir "
+        "(query -> relevant document)",
     )
-    text: str = _help("labelled: the text column", "text")
-    label: str = _help("labelled: the label column", "label")
-    split: str = _help("the split to read (beir: the qrels split)", "train")
-    max_rows: int | None = _help("keep this many rows, with pairwise different positives", None)
-    sample_seed: int = _help("seed of that sample (fixed, so runs with other seeds train on the same rows)", 0)
+    text: str = option("text", help="labelled: the text column")
+    label: str = option("label", help="labelled: the label column")
+    split: str = option("train", help="the split to read (beir: the qrels split)")
+    max_rows: int | None = option(None, help="keep this many rows, with pairwise different positives")
+    sample_seed: int = option(0, help="seed of that sample (fixed, so runs with other seeds train on the same rows)")
 
     def __post_init__(self):
         from moe_embed.training.datasets import FORMATS
@@ -89,12 +102,12 @@ class DatasetSpec:
 class LossConfig:
     """Options of the contrastive loss (`loss:`)."""
 
-    cached_mini_batch_size: int | None = _help(
-        "GradCache: CachedMultipleNegativesRankingLoss with this mini-batch size (large batches in small memory)",
+    cached_mini_batch_size: int | None = option(
         None,
+        help="GradCache: CachedMultipleNegativesRankingLoss with this mini-batch size (large batches in small memory)",
     )
-    matryoshka_dims: list[int] | None = _help("MatryoshkaLoss over these embedding sizes, e.g. [384, 128]", None)
-    gather_across_devices: bool = _help("in-batch negatives from all data-parallel ranks", False)
+    matryoshka_dims: list[int] | None = option(None, help="MatryoshkaLoss over these embedding sizes, e.g. [384, 128]")
+    gather_across_devices: bool = option(False, help="in-batch negatives from all data-parallel ranks")
 
     def __post_init__(self):
         if self.cached_mini_batch_size is not None and self.cached_mini_batch_size < 1:
@@ -105,33 +118,21 @@ class LossConfig:
             raise UsageError(f"loss.matryoshka_dims must be a list of positive integers, got {self.matryoshka_dims!r}")
 
 
-def _check_adapter(adapter) -> None:
-    if adapter.lora_rank < 1:
-        raise UsageError(f"adapter.lora_rank must be a positive integer, got {adapter.lora_rank}")
-
-
-AdapterConfig = arch_options(
-    "comoe",
-    name="AdapterConfig",
-    module=__name__,
-    doc="Adapters trained on a frozen dense `model` (`adapter:`, used with `arch: comoe` or `arch: lora`): the "
-    "options of `moe-embed upcycle --arch comoe`, declared once in `convert/options.py`; `arch: lora` reads the "
-    "LoRA ones (rank, alpha, dropout, target modules, layers).",
-    exclude=("seed",),  # the run's `seed`
-    post_init=_check_adapter,
-)
+# the fields of `adapter:` (the CoMoE options) that the run sets itself: the base is `model`, the folder a scratch
+# one, the seed the run's, the prompts the default ones; what is left are the CoMoE hyper-parameters
+SET_BY_THE_RUN = tuple(f.name for f in fields(UpcycleOptions)) + ("seed",)
 
 
 @dataclass
 class RegularizerConfig:
     """A term that keeps the model close to where it started (`regularizer:`)."""
 
-    kind: str = _help(
-        "none; distill: 1 - cosine to the frozen starting model's embeddings of the batch's own texts; "
-        "l2: squared distance of the trained weights to their starting values",
+    kind: str = option(
         "none",
+        help="none; distill: 1 - cosine to the frozen starting model's embeddings of the batch's own texts; "
+        "l2: squared distance of the trained weights to their starting values",
     )
-    weight: float = _help("weight of the term in the loss", 1.0)
+    weight: float = option(1.0, help="weight of the term in the loss")
 
     def __post_init__(self):
         if self.kind not in REGULARIZERS:
@@ -144,8 +145,10 @@ class RegularizerConfig:
 class DevConfig:
     """Checkpoint selection on development sets that are not test splits (`dev:`)."""
 
-    tasks: list[str] = _help("dev sets, scored as the suite scores them (by mteb): stsb-dev, scifact-train")
-    eval_steps: int = _help("score them before training and every N steps; the best step's weights are saved", 50)
+    tasks: list[str] = option(
+        required=True, help="dev sets, scored as the suite scores them (by mteb): stsb-dev, scifact-train"
+    )
+    eval_steps: int = option(50, help="score them before training and every N steps; the best step's weights are saved")
 
     def __post_init__(self):
         from moe_embed.evaluation.tasks import DEV_SETS
@@ -161,78 +164,86 @@ class DevConfig:
 class TrainingConfig:
     """A TA-CL training run (`moe-embed train --config FILE.yaml`)."""
 
-    tasks: dict[str, list[DatasetSpec]] = _help(
-        f"task type ({', '.join(TASK_TYPES)}) -> list of datasets, each {{name, path}}"
+    tasks: dict[str, list[DatasetSpec]] = option(
+        required=True, help=f"task type ({', '.join(TASK_TYPES)}) -> list of datasets, each {{name, path}}"
     )
-    model: str | None = _help(
-        "model folder or Hub id to train: MoTE, token-routed MoE, CoMoE or dense (default: the bundled "
+    model: str | None = option(
+        None,
+        help="model folder or Hub id to train: MoTE, token-routed MoE, CoMoE or dense (default: the bundled "
         "all-MiniLM-L6-v2)",
-        None,
     )
-    trust_remote_code: bool = _help("allow the model folder's own code (MoTE, MoE)", False)
-    data_dir: str | None = _help(
-        "the folder {data} stands for in dataset paths, as `moe-embed data download DIR` writes it "
+    trust_remote_code: bool = option(False, help="allow the model folder's own code (MoTE, MoE)")
+    data_dir: str | None = option(
+        None,
+        help="the folder {data} stands for in dataset paths, as `moe-embed data download DIR` writes it "
         "(default: $MOE_EMBED_DATA)",
-        None,
     )
-    model_kwargs: dict | None = _help(
-        "keyword arguments for the transformers model (SentenceTransformer model_kwargs)", None
+    model_kwargs: dict | None = option(
+        None, help="keyword arguments for the transformers model (SentenceTransformer model_kwargs)"
     )
-    config_kwargs: dict | None = _help("config overrides, e.g. {hidden_dropout_prob: 0.1}", None)
-    output_dir: str = _help("where the trained model (and checkpoints) are saved", "models/tacl")
-    overwrite_output_dir: bool = _help(
-        "replace an existing output_dir (else the run is refused before training; never the model folder itself)",
+    config_kwargs: dict | None = option(None, help="config overrides, e.g. {hidden_dropout_prob: 0.1}")
+    output_dir: str = option("models/tacl", help="where the trained model (and checkpoints) are saved")
+    overwrite_output_dir: bool = option(
         False,
+        renamed_from="overwrite",
+        renamed_why="the config's name",
+        help="replace an existing output_dir (else the run is refused before training; never the model folder itself)",
     )
-    seed: int = _help("seed of the trainer, the sampler and the dataset shuffles", 0)
-    batch_size: int = _help("rows per batch and device", 32)
-    max_steps: int = _help("optimizer steps; -1 trains for `epochs` instead", -1)
-    epochs: float = _help("passes over the data when max_steps is -1", 1.0)
-    learning_rate: float = _help("peak learning rate", 2e-5)
-    expert_learning_rate: float | None = _help(
-        "peak learning rate of the expert parameters (default: learning_rate); see `trainable`", None
+    seed: int = option(0, help="seed of the trainer, the sampler and the dataset shuffles")
+    batch_size: int = option(32, help="rows per batch and device")
+    max_steps: int = option(-1, help="optimizer steps; -1 trains for `epochs` instead")
+    epochs: float = option(1.0, help="passes over the data when max_steps is -1")
+    learning_rate: float = option(2e-5, help="peak learning rate")
+    expert_learning_rate: float | None = option(
+        None, help="peak learning rate of the expert parameters (default: learning_rate); see `trainable`"
     )
-    lr_scheduler_type: str = _help("learning-rate schedule after warm-up: linear, cosine, constant, ...", "linear")
-    warmup_steps: int = _help("linear warm-up steps", 0)
-    warmup_ratio: float = _help("linear warm-up as a share of the steps (instead of warmup_steps)", 0.0)
-    save_steps: int = _help("save a checkpoint in output_dir/checkpoint-N every N steps; 0 saves none", 0)
-    logging_steps: int = _help("log the loss every N steps", 10)
-    ddp_backend: str | None = _help("data-parallel backend (default: gloo when launched on CPU)", None)
-    max_seq_length: int | None = _help(
-        "truncate training inputs to this many tokens (the saved model keeps its own)", None
+    lr_scheduler_type: Schedule = option("linear", help="learning-rate schedule after warm-up")
+    warmup_steps: int = option(0, help="linear warm-up steps")
+    warmup_ratio: float = option(0.0, help="linear warm-up as a share of the steps (instead of warmup_steps)")
+    save_steps: int = option(0, help="save a checkpoint in output_dir/checkpoint-N every N steps; 0 saves none")
+    logging_steps: int = option(10, help="log the loss every N steps")
+    ddp_backend: str | None = option(None, help="data-parallel backend (default: gloo when launched on CPU)")
+    max_seq_length: int | None = option(
+        None, help="truncate training inputs to this many tokens (the saved model keeps its own)"
     )
-    curriculum: str = _help(
-        "task_aware (TA-CL: per-task entries, prompts and temperatures) or static (one mixed entry, "
-        "prompts written into the text, one temperature)",
+    curriculum: str = option(
         "task_aware",
+        help="task_aware (TA-CL: per-task entries, prompts and temperatures) or static (one mixed entry, "
+        "prompts written into the text, one temperature)",
     )
-    temperature: float = _help("InfoNCE temperature of the static curriculum (task_aware uses each task type's)", 0.03)
-    loss: LossConfig = _help(
-        "loss options: cached_mini_batch_size, matryoshka_dims, gather_across_devices", default_factory=LossConfig
+    temperature: float = option(
+        0.03, help="InfoNCE temperature of the static curriculum (task_aware uses each task type's)"
     )
-    arch: str | None = _help(
-        "upcycle the dense `model` first and train the result: mote or moe (`moe-embed upcycle` with the "
-        "`upcycle` options), comoe (CoMoE-PEFT with the `adapter` options) or lora (peft LoRA, saved merged)",
+    loss: LossConfig = option(
+        help="loss options: cached_mini_batch_size, matryoshka_dims, gather_across_devices", default_factory=LossConfig
+    )
+    arch: str | None = option(
         None,
+        help="upcycle the dense `model` first and train the result: mote or moe (`moe-embed upcycle` with the "
+        "`upcycle` options), comoe (CoMoE-PEFT with the `adapter` options) or lora (peft LoRA, saved merged)",
     )
-    upcycle: dict | None = _help(
-        "arch mote / moe: options of `moe-embed upcycle` by their Python names, e.g. {expert_layers: all}", None
+    upcycle: dict | None = option(
+        None, help="arch mote / moe: options of `moe-embed upcycle` by their Python names, e.g. {expert_layers: all}"
     )
-    trainable: str = _help(
-        "all, or experts: only the expert parameters train (MoTE's task experts, the MoE's experts and "
-        "routers, adapters; on a dense model the blocks MoTE turns into experts); the rest stays bit-identical",
+    trainable: str = option(
         "all",
+        help="all, or experts: only the expert parameters train (MoTE's task experts, the MoE's experts and "
+        "routers, adapters; on a dense model the blocks MoTE turns into experts); the rest stays bit-identical",
     )
-    regularizer: RegularizerConfig = _help(
-        "keep the model close to where it started: kind (none, distill, l2) and weight",
+    regularizer: RegularizerConfig = option(
+        help="keep the model close to where it started: kind (none, distill, l2) and weight",
         default_factory=RegularizerConfig,
     )
-    dev: DevConfig | None = _help(
-        "choose the checkpoint on dev sets: tasks and eval_steps (the data folder as for {data})", None
+    dev: DevConfig | None = option(
+        None, help="choose the checkpoint on dev sets: tasks and eval_steps (the data folder as for {data})"
     )
-    adapter: AdapterConfig = _help("adapter options for arch comoe / lora", default_factory=AdapterConfig)
-    save_adapter_only: bool = _help(
-        "CoMoE: write the adapter-only folder (adapter_config.json naming the base) instead of the full one", False
+    adapter: CoMoeOptions = option(
+        help="adapter options for arch comoe / lora: the options of `moe-embed upcycle --arch comoe` by their Python "
+        "names (arch lora reads the LoRA ones: rank, alpha, dropout, target modules, layers)",
+        default_factory=CoMoeOptions,
+    )
+    save_adapter_only: bool = option(
+        False, help="CoMoE: write the adapter-only folder (adapter_config.json naming the base) instead of the full one"
     )
 
     def __post_init__(self):
@@ -253,15 +264,18 @@ class TrainingConfig:
             raise UsageError(f"unknown arch {self.arch!r}; expected one of {', '.join(ARCHES)} (or leave it out)")
         if self.upcycle and self.arch not in ("mote", "moe"):
             raise UsageError("`upcycle` options apply to arch mote / moe (CoMoE and LoRA take `adapter`)")
+        self.upcycle_options(Path("."), Path("."))  # the `upcycle:` section checked now, not after the data is read
+        if self.adapter.lora_rank < 1:
+            raise UsageError(f"adapter.lora_rank must be a positive integer, got {self.adapter.lora_rank}")
+        default = CoMoeOptions()
+        given = [name for name in SET_BY_THE_RUN if getattr(self.adapter, name) != getattr(default, name)]
+        if given:
+            raise UsageError(
+                f"adapter.{given[0]} is set by the run itself (`model`, `output_dir`, `seed`); `adapter:` takes the "
+                "CoMoE hyper-parameters"
+            )
         if self.trainable not in TRAINABLE:
             raise UsageError(f"unknown trainable {self.trainable!r}; expected one of {', '.join(TRAINABLE)}")
-        from transformers.trainer_utils import SchedulerType
-
-        schedules = [s.value for s in SchedulerType]
-        if self.lr_scheduler_type not in schedules:
-            raise UsageError(
-                f"unknown lr_scheduler_type {self.lr_scheduler_type!r}; expected one of {', '.join(schedules)}"
-            )
         if not 0 <= self.warmup_ratio < 1:
             raise UsageError(f"warmup_ratio must lie in [0, 1), got {self.warmup_ratio}")
         if self.warmup_ratio and self.warmup_steps:
@@ -280,6 +294,18 @@ class TrainingConfig:
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} must be at least 0, got {getattr(self, name)}")
 
+    def upcycle_options(self, base: Path, output: Path) -> UpcycleOptions | None:
+        """The options `moe-embed upcycle` gets for `arch` mote / moe / comoe (the `upcycle:` section, CoMoE's
+        `adapter:`) to upcycle the dense `base` into `output` with the run's seed; None for other runs."""
+        if self.arch not in ARCH_OPTIONS:
+            return None
+        if self.arch == "comoe":
+            return replace(self.adapter, base=str(base), output=output, seed=self.seed)
+        values = {**(self.upcycle or {}), "base": str(base), "output": output}
+        if self.arch != "mote":  # MoTE's upcycling is deterministic: it has no seed
+            values.setdefault("seed", self.seed)
+        return from_mapping(ARCH_OPTIONS[self.arch], values, "upcycle")
+
 
 def load_config(path: Path) -> TrainingConfig:
     """The YAML config at `path` as a `TrainingConfig` (a `UsageError` for anything wrong in it)."""
@@ -296,9 +322,10 @@ def load_config(path: Path) -> TrainingConfig:
 
 def describe_options(cls=TrainingConfig, indent: str = "  ") -> str:
     """The option list of `cls` (name, type, default, help), generated from its fields."""
-    hints = typing.get_type_hints(cls)
+    resolved = hints(cls)
     lines = []
-    for f in fields(cls):
+    hidden = SET_BY_THE_RUN if issubclass(cls, UpcycleOptions) else ()
+    for f in [f for f in fields(cls) if f.name not in hidden]:
         if f.default is not MISSING:
             stated = f.default is None or "default" in f.metadata["help"]
             default = "" if stated else f" (default: {f.default})"
@@ -306,8 +333,8 @@ def describe_options(cls=TrainingConfig, indent: str = "  ") -> str:
             default = ""
         else:
             default = " (required)"
-        lines.append(f"{indent}{f.name}: {type_name(hints[f.name])}{default}\n{indent}    {f.metadata['help']}")
-        nested = hints[f.name]
+        lines.append(f"{indent}{f.name}: {type_name(resolved[f.name])}{default}\n{indent}    {f.metadata['help']}")
+        nested = resolved[f.name]
         if isinstance(nested, type) and hasattr(nested, "__dataclass_fields__"):
             lines.append(describe_options(nested, indent + "    "))
     return "\n".join(lines)
@@ -316,7 +343,6 @@ def describe_options(cls=TrainingConfig, indent: str = "  ") -> str:
 __all__ = [
     "TrainingConfig",
     "LossConfig",
-    "AdapterConfig",
     "RegularizerConfig",
     "DevConfig",
     "ARCHES",

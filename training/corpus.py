@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from moe_embed.usage import UsageError
+from moe_embed.errors import UsageError
 
 FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
 

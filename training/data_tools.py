@@ -30,10 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.files import atomic_write_text
 from moe_embed.folders import check_output
+from moe_embed.options import command_parser, option, parse, parse_options
 from moe_embed.training.embed import BAD_ROWS_FILE, RayOptions
-from moe_embed.usage import UsageError, command_parser, option, parse, parse_options, run_cli
 
 TIE = 1e-6  # scores this close to a pair's own count as ties (faiss and numpy round differently)
 CHUNK = 4096  # anchors searched at a time

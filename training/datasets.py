@@ -20,8 +20,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from moe_embed.errors import UsageError
 from moe_embed.readers import corpus_texts
-from moe_embed.usage import UsageError
 
 FORMATS = ("pairs", "labelled", "beir")
 

@@ -18,8 +18,8 @@ import torch
 from transformers import TrainerCallback
 
 from moe_embed.data import data_dir as find_data_dir
+from moe_embed.errors import UsageError
 from moe_embed.evaluation.tasks import DEV_SETS, get_task, load, score
-from moe_embed.usage import UsageError
 
 logger = logging.getLogger(__name__)
 

@@ -42,9 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.files import atomic_write
+from moe_embed.logs import is_verbose
+from moe_embed.options import option, parse_options
 from moe_embed.training.corpus import Corpus, Shard, plan_shards, read_shard
-from moe_embed.usage import UsageError, is_verbose, option, parse_options, run_cli
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from moe_embed.errors import UsageError
 from moe_embed.modeling.defaults import prompt_key
-from moe_embed.usage import UsageError
 
 GRAPH = "onnx/model.onnx"
 

@@ -39,10 +39,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from moe_embed.data import DATA_DIR_HELP
+from moe_embed.convert.options import CoMoeOptions
+from moe_embed.errors import UsageError, run_cli
 from moe_embed.folders import check_output, load_sentence_transformer
+from moe_embed.options import add_options, command_parser, parse
 from moe_embed.training.config import (
-    AdapterConfig,
     DatasetSpec,
     LossConfig,
     TrainingConfig,
@@ -50,7 +51,6 @@ from moe_embed.training.config import (
     load_config,
 )
 from moe_embed.training.tasks import column_prompts, task_type
-from moe_embed.usage import UsageError, command_parser, parse, run_cli
 
 logger = logging.getLogger(__name__)
 
@@ -157,24 +157,7 @@ def model_source(config: TrainingConfig, base: Path) -> str:
     return str(base / config.model) if (base / config.model).is_dir() else config.model
 
 
-def upcycled_source(config: TrainingConfig, base: Path, scratch: Path) -> str:
-    """The dense `config.model` upcycled to `config.arch` in a scratch folder: MoTE or the token MoE with
-    the `upcycle` options, CoMoE with the `adapter` options (AdapterConfig's fields are `UpcycleOptions`'
-    CoMoE options by name)."""
-    from dataclasses import asdict
-
-    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
-    from moe_embed.usage import from_mapping
-
-    options = asdict(config.adapter) if config.arch == "comoe" else dict(config.upcycle or {})
-    if config.arch != "mote":  # MoTE's upcycling is deterministic: it has no seed
-        options.setdefault("seed", config.seed)
-    where = "adapter" if config.arch == "comoe" else "upcycle"
-    options = {**options, "output": scratch / config.arch, "arch": config.arch, "base": model_source(config, base)}
-    return str(upcycle(from_mapping(UpcycleOptions, options, where)))
-
-
-def lora_config(adapter: AdapterConfig, num_layers: int):
+def lora_config(adapter: CoMoeOptions, num_layers: int):
     """peft's `LoraConfig` for `adapter`: exactly the linears a CoMoE model with these options adapts."""
     from peft import LoraConfig
 
@@ -196,7 +179,7 @@ def lora_config(adapter: AdapterConfig, num_layers: int):
     )
 
 
-def add_lora(model, adapter: AdapterConfig, seed: int) -> None:
+def add_lora(model, adapter: CoMoeOptions, seed: int) -> None:
     """Wrap the model's transformer in peft LoRA adapters on `adapter`'s target modules and layers."""
     import torch
     from peft import get_peft_model
@@ -241,35 +224,42 @@ def param_group_learning_rates(model, expert_names: set[str], config: TrainingCo
 def train(config: TrainingConfig, base: Path, trainer_cls=None):
     """Run TA-CL for `config`; returns the trained SentenceTransformer (also saved to output_dir).
 
-    `trainer_cls` replaces `TaskAwareTrainer` (a subclass of it, e.g. to add callbacks or logging).
+    `trainer_cls` replaces `TaskAwareTrainer` (a subclass of it, e.g. to add callbacks or logging). The output
+    is checked, and every dataset and dev set read, before torch is imported or a model loaded.
     """
+    output_dir = (base / config.output_dir).resolve()
+    source = model_source(config, base)
+    inputs = (source,) if Path(source).is_dir() else ()
+    check_output(
+        output_dir, inputs, config.overwrite_output_dir, "overwrite_output_dir: true (or --overwrite-output-dir)"
+    )
+    read = read_datasets(config, base)
+    dev_sets = None
+    if config.dev:
+        from moe_embed.training.dev import load_dev_sets  # imports torch: after the checks above
+
+        dev_sets = load_dev_sets(config.dev.tasks, config.data_dir)
     scratch = Path(tempfile.mkdtemp(prefix="moe-embed-train-"))
     try:
-        return _train(config, base, trainer_cls, scratch)
+        model = load_model(config, source, scratch)
+        saved_max_seq_length = model.max_seq_length  # training truncates its inputs, the saved model does not
+        trainer, dev = _trainer(config, model, read, dev_sets, output_dir, trainer_cls)
+        trainer.train()
+        model.max_seq_length = saved_max_seq_length
+        _save(config, model, trainer, dev, output_dir, scratch)
+        return model
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
-    import torch
-    from datasets import DatasetDict
-    from sentence_transformers import SentenceTransformerTrainingArguments
-
-    from moe_embed.modeling.st_folder import write_portable_module_files
-    from moe_embed.training.dev import load_dev_sets
-    from moe_embed.training.regularizers import regularizer
-    from moe_embed.training.sampler import TaskAwareBatchSampler, data_parallel_world_size
-    from moe_embed.training.trainer import TaskAwareTrainer
-
-    output_dir = (base / config.output_dir).resolve()
-    source = model_source(config, base)
-    inputs = (source,) if Path(source).is_dir() else ()
-    check_output(output_dir, inputs, config.overwrite_output_dir, "overwrite_output_dir: true (or --overwrite)")
-    read = read_datasets(config, base)  # every input read before the long steps
-    dev_sets = load_dev_sets(config.dev.tasks, config.data_dir) if config.dev else None
+def load_model(config: TrainingConfig, source: str, scratch: Path):
+    """The SentenceTransformer to train: `source` as it is, upcycled first (arch mote / moe / comoe, into
+    `scratch`) or with LoRA adapters (arch lora), truncating inputs to `max_seq_length`."""
     upcycled = config.arch in ("mote", "moe", "comoe")
     if upcycled:
-        source = upcycled_source(config, base, scratch)
+        from moe_embed.convert.upcycle import upcycle
+
+        source = str(upcycle(config.upcycle_options(Path(source), scratch / config.arch)))
     model = load_sentence_transformer(
         source,
         trust_remote_code=config.trust_remote_code or upcycled,
@@ -282,17 +272,19 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
         raise UsageError(f"save_adapter_only needs a CoMoE model; this one is {model_type!r}")
     if config.arch == "lora":
         add_lora(model, config.adapter, config.seed)
-    saved_max_seq_length = model.max_seq_length
-    if config.max_seq_length:
-        model.max_seq_length = config.max_seq_length
-    expert_names = select_trainable(config, model)
-    datasets, losses, prompts = build_entries(config, read, model)
-    anchored = regularizer(config.regularizer.kind, config.regularizer.weight, model)  # after freezing
-    losses = {entry: anchored(loss) for entry, loss in losses.items()}
-    output_dir = str(output_dir)
+    return model
+
+
+def training_arguments(config: TrainingConfig, output_dir: Path, prompts: dict):
+    """sentence-transformers' training arguments of the run."""
+    import torch
+    from sentence_transformers import SentenceTransformerTrainingArguments
+
+    from moe_embed.training.sampler import TaskAwareBatchSampler, data_parallel_world_size
+
     cpu_data_parallel = data_parallel_world_size() > 1 and not torch.cuda.is_available()
-    args = SentenceTransformerTrainingArguments(
-        output_dir=output_dir,
+    return SentenceTransformerTrainingArguments(
+        output_dir=str(output_dir),
         per_device_train_batch_size=config.batch_size,
         max_steps=config.max_steps,
         num_train_epochs=config.epochs,
@@ -305,6 +297,9 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
         logging_steps=config.logging_steps,
         report_to="none",
         dataloader_drop_last=True,
+        # the batches are made on the CPU and moved by the trainer: pinning them needs an accelerator, and on
+        # a machine without one torch warns on every loader that pinning is not used
+        dataloader_pin_memory=torch.cuda.is_available(),
         prompts=prompts,
         multi_dataset_batch_sampler=TaskAwareBatchSampler,
         # Launched as several processes without a GPU, accelerate runs data-parallel (DDP over gloo)
@@ -312,54 +307,78 @@ def _train(config: TrainingConfig, base: Path, trainer_cls, scratch: Path):
         use_cpu=cpu_data_parallel,
         ddp_backend=config.ddp_backend or ("gloo" if cpu_data_parallel else None),
     )
-    trainer_cls = trainer_cls or TaskAwareTrainer
+
+
+def _trainer(config: TrainingConfig, model, read: dict, dev_sets, output_dir: Path, trainer_cls):
+    """The trainer of the run and its dev-set callback (None without `dev:`): entries, losses (with the
+    regulariser) and prompts built on `model`, the expert parameters chosen (the rest frozen where asked)."""
+    from datasets import DatasetDict
+
+    from moe_embed.training.regularizers import regularizer
+    from moe_embed.training.trainer import TaskAwareTrainer
+
+    if config.max_seq_length:
+        model.max_seq_length = config.max_seq_length
+    expert_names = select_trainable(config, model)
+    datasets, losses, prompts = build_entries(config, read, model)
+    anchored = regularizer(config.regularizer.kind, config.regularizer.weight, model)  # after freezing
+    losses = {entry: anchored(loss) for entry, loss in losses.items()}
     dev = None
     if config.dev:
         from moe_embed.training.dev import BestOnDev
 
         dev = BestOnDev(model, dev_sets, config.dev.eval_steps)
-    trainer = trainer_cls(
+    trainer = (trainer_cls or TaskAwareTrainer)(
         model=model,
-        args=args,
+        args=training_arguments(config, output_dir, prompts),
         train_dataset=DatasetDict(datasets),
         loss=losses,
         callbacks=[dev] if dev else None,
     )
     if config.expert_learning_rate is not None:
         trainer.learning_rates = param_group_learning_rates(model, expert_names, config)
-    trainer.train()
-    model.max_seq_length = saved_max_seq_length  # the training truncation does not change the saved model
+    return trainer, dev
+
+
+def _save(config: TrainingConfig, model, trainer, dev, output_dir: Path, scratch: Path) -> None:
+    """Write the trained model to `output_dir` (one process of a data-parallel run): LoRA merged into the
+    weights, CoMoE's adapter-only folder where asked, the dev scores where there are some."""
+    from moe_embed.modeling.st_folder import write_portable_module_files
+
     if config.arch == "lora":  # the adapters folded into the weights: a plain model
         model[0].model = model[0].model.merge_and_unload()
-    if trainer.is_world_process_zero():  # under torchrun / accelerate launch, one process writes
-        if config.save_adapter_only:
-            from moe_embed.convert.extract_adapter import write_adapter_folder
+    if not trainer.is_world_process_zero():  # under torchrun / accelerate launch, one process writes
+        return
+    if config.save_adapter_only:
+        from moe_embed.convert.extract_adapter import write_adapter_folder
 
-            model.save(str(scratch / "full"))
-            write_adapter_folder(scratch / "full", Path(output_dir))
-        else:
-            model.save(output_dir)
-            write_portable_module_files(Path(output_dir))  # loadable by sentence-transformers 5.x too
-        if dev:
-            from moe_embed.training.dev import write_history
+        model.save(str(scratch / "full"))
+        write_adapter_folder(scratch / "full", output_dir)
+    else:
+        model.save(str(output_dir))
+        write_portable_module_files(output_dir)  # loadable by sentence-transformers 5.x too
+    if dev:
+        from moe_embed.training.dev import write_history
 
-            write_history(dev, Path(output_dir))
-        print(f"saved the trained model to {output_dir}")
-    return model
+        write_history(dev, output_dir)
+    print(f"saved the trained model to {output_dir}")
 
 
 def build_parser(prog: str | None = None):
     parser = command_parser(__doc__, prog, epilog="config options:\n" + describe_options())
     parser.add_argument("--config", required=True, help="YAML training config")
-    parser.add_argument("--overwrite", action="store_true", help="replace output_dir if it exists")
-    parser.add_argument("--data-dir", help=f"the folder {{data}} stands for in dataset paths ({DATA_DIR_HELP})")
+    add_options(parser, TrainingConfig, only=COMMAND_LINE)
     return parser
+
+
+# the config's fields that the command line also sets (it wins over the file)
+COMMAND_LINE = ("overwrite_output_dir", "data_dir")
 
 
 def main(argv: list[str] | None = None, prog: str | None = None):
     args = parse(build_parser(prog), argv)
     config = load_config(Path(args.config))
-    config.overwrite_output_dir = config.overwrite_output_dir or args.overwrite
+    config.overwrite_output_dir = config.overwrite_output_dir or args.overwrite_output_dir
     config.data_dir = args.data_dir or config.data_dir
     return train(config, Path.cwd())
 
