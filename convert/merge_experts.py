@@ -24,6 +24,7 @@ from pathlib import Path
 
 from moe_embed.convert.options import MergeOptions
 from moe_embed.errors import UsageError, run_cli
+from moe_embed.modeling.defaults import find_task
 from moe_embed.options import parse_options
 
 
@@ -44,14 +45,14 @@ def merge(options: MergeOptions) -> Path:
 
 def check_task_names(config: dict, names: list[str]) -> None:
     """A `UsageError` for a name in `names` that is not a task (or an alias of one) of a MoTE folder's
-    `config.json`, said as the model's config says it: read from the file, before the model is loaded."""
+    `config.json`, by the lookup the model's config makes: read from the file, before the model is loaded."""
     tasks, prefixes = list(config.get("tasks") or []), dict(config.get("task_prefixes") or {})
     aliases = dict(config.get("task_aliases") or {})
-    unknown = [task for task in names if task not in tasks and task not in aliases]
-    if unknown:
-        valid = ", ".join(f"{t!r} (prefix {prefixes.get(t)!r})" for t in tasks)
-        also = ", ".join(f"{a!r}->{t!r}" for a, t in sorted(aliases.items()))
-        raise UsageError(f"Unknown task {unknown[0]!r}. Valid tasks: {valid}" + (f"; aliases: {also}" if also else ""))
+    for name in names:
+        try:
+            find_task(name, tasks, aliases, prefixes)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> Path:

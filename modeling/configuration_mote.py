@@ -1,7 +1,7 @@
 """Configuration of MoTE, the Mixture of Task Experts encoder (Romero et al., 2025)."""
 
 from .configuration_encoder import EncoderConfig, resolve_layer_indices
-from .defaults import DEFAULT_TASK_PREFIXES, TASK_NAME_ALIASES, TASK_TYPE_EXPERTS
+from .defaults import DEFAULT_TASK_PREFIXES, TASK_NAME_ALIASES, TASK_TYPE_EXPERTS, describe_tasks, find_task
 
 # Other names accepted for the default tasks: sentence-transformers' names for documents, each prefix's own
 # words, and every task type, mapped to the task whose expert serves it (`TASK_TYPE_EXPERTS`).
@@ -99,24 +99,11 @@ class MoteBertConfig(EncoderConfig):
             ValueError: naming the valid tasks, aliases and prefixes when `name` is unknown or, compared without
                 case, names several experts.
         """
-        if name in self.tasks:
-            return self.tasks.index(name)
-        if name in self.task_aliases:
-            return self.tasks.index(self.task_aliases[name])
-        folded = str(name).casefold()
-        names = {task: task for task in self.tasks} | {alias: task for alias, task in self.task_aliases.items()}
-        found = {task for spelling, task in names.items() if spelling.casefold() == folded}
-        if len(found) == 1:
-            return self.tasks.index(found.pop())
-        if found:
-            raise ValueError(f"Task {name!r} is ambiguous: it names the tasks {sorted(found)} in another case")
-        raise ValueError(f"Unknown task {name!r}. {self.describe_tasks()}")
+        return self.tasks.index(find_task(name, self.tasks, self.task_aliases, self.task_prefixes))
 
     def describe_tasks(self) -> str:
         """One line listing the valid task names, prefixes and aliases, for error messages."""
-        tasks = ", ".join(f"{t!r} (prefix {self.task_prefixes[t]!r})" for t in self.tasks)
-        aliases = ", ".join(f"{a!r}->{t!r}" for a, t in sorted(self.task_aliases.items()))
-        return f"Valid tasks: {tasks}" + (f"; aliases: {aliases}" if aliases else "")
+        return describe_tasks(self.tasks, self.task_prefixes, self.task_aliases)
 
 
 __all__ = ["MoteBertConfig", "DEFAULT_TASK_ALIASES"]

@@ -82,6 +82,36 @@ TASK_NAME_ALIASES = {
 }
 
 
+def find_task(name: str, tasks: list[str], aliases: dict[str, str], prefixes: dict[str, str] | None = None) -> str:
+    """The task that `name` names: a task or an alias of one, in any case where that names one task
+    (`"Classification"`, mteb's spelling, is the task `"classification"`); the one lookup of the model's config
+    and of the converters that check a folder's `config.json` before loading it.
+
+    Raises:
+        ValueError: naming the valid tasks (and their `prefixes`) when `name` is unknown or, compared without
+            case, names several.
+    """
+    if name in tasks:
+        return name
+    if name in aliases:
+        return aliases[name]
+    folded = str(name).casefold()
+    spellings = {task: task for task in tasks} | dict(aliases)
+    found = {task for spelling, task in spellings.items() if spelling.casefold() == folded}
+    if len(found) == 1:
+        return found.pop()
+    if found:
+        raise ValueError(f"Task {name!r} is ambiguous: it names the tasks {sorted(found)} in another case")
+    raise ValueError(f"Unknown task {name!r}. {describe_tasks(tasks, prefixes or {}, aliases)}")
+
+
+def describe_tasks(tasks: list[str], prefixes: dict[str, str], aliases: dict[str, str]) -> str:
+    """One line listing the valid task names, prefixes and aliases, for error messages."""
+    valid = ", ".join(f"{t!r} (prefix {prefixes.get(t)!r})" if t in prefixes else repr(t) for t in tasks)
+    also = ", ".join(f"{a!r}->{t!r}" for a, t in sorted(aliases.items()))
+    return f"Valid tasks: {valid}" + (f"; aliases: {also}" if also else "")
+
+
 # AEA: the sentence embeddings it makes (`aea_pooling.py`) and how per-token expert counts are rounded
 # (`aea_allocation.py`).
 AEA_EMBEDDINGS = ("hidden", "moee-concat", "moee-sum")
@@ -132,6 +162,8 @@ __all__ = [
     "AEA_EMBEDDINGS",
     "AEA_ROUNDINGS",
     "MOE",
+    "describe_tasks",
+    "find_task",
     "COMOE",
     "MoeDefaults",
     "CoMoeDefaults",

@@ -8,7 +8,9 @@ from conftest import TEXTS, read_json, run_isolated, run_main, save_trained_copy
 from safetensors.torch import load_file
 from sentence_transformers import SentenceTransformer
 
+from moe_embed.convert.merge_experts import check_task_names
 from moe_embed.convert.merge_experts import main as merge_main
+from moe_embed.errors import UsageError
 
 PLAIN_LOAD = """
 import json, sys
@@ -165,6 +167,16 @@ def test_bad_input(mote_dir, tmp_path, capsys, args, message):
     code, err = merge(capsys, mote_dir, "--output", str(tmp_path / "out"), *args)
     assert code == 2 and message in err.strip().splitlines()[-1]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_early_task_check_takes_the_names_the_model_takes():
+    """`merge --task` is checked against config.json before the model loads, by the config's own lookup: a task in
+    another case, as mteb spells task types, passes the check as it passes the model; an unknown one is refused."""
+    config = {"tasks": ["query", "classification"], "task_prefixes": {"query": "q: ", "classification": "c: "}}
+    config["task_aliases"] = {"passage": "query"}
+    check_task_names(config, ["Classification", "QUERY", "passage"])
+    with pytest.raises(UsageError, match=r"Unknown task 'legal'\. Valid tasks: 'query' \(prefix 'q: '\)"):
+        check_task_names(config, ["query", "legal"])
 
 
 def test_refusals(mote_dir, dense_path, tmp_path, capsys):
