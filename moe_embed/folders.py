@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moe_embed.errors import UsageError
+from moe_embed.modeling.manifest import ADAPTER_CONFIG_NAME
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # what a Hub snapshot brings: everything a folder needs, nothing that would be unpickled or is unused here
@@ -148,6 +149,8 @@ class ModelFolder:
     @property
     def adapter_settings(self) -> dict | None:
         """The `adapter_config.json` of an adapter-only folder (a CoMoE adapter or a peft one), else `None`."""
+        if not (self.path / ADAPTER_CONFIG_NAME).is_file():  # a folder is local here: no torch for a plain one
+            return None
         from moe_embed.modeling.comoe_adapter import read_adapter_config
 
         return read_adapter_config(str(self.path))
@@ -271,9 +274,11 @@ def check_adapter_base(folder: ModelFolder) -> None:
     The base is found as loading finds it (`comoe_adapter.base_config_path`): a local folder (read against the
     adapter folder first), a Hub id through the Hub and its cache, else the installed package that holds the same
     checkpoint (the bundled all-MiniLM-L6-v2 offline)."""
+    settings = folder.adapter_settings
+    if settings is None:
+        return
     from moe_embed.modeling.comoe_adapter import base_config_path, is_comoe_adapter, resolve_base
 
-    settings = folder.adapter_settings
     if not is_comoe_adapter(settings):
         return
     where = f"{folder.name}/adapter_config.json"
