@@ -152,12 +152,13 @@ def test_the_audit_sees_every_writer_and_counts_a_second_write(tmp_path, monkeyp
 
 
 def test_upcycle_writes_each_folder_file_once(dense_path, tmp_path, monkeypatch):
-    from moe_embed.convert.upcycle import UpcycleOptions, upcycle
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
 
     for arch in ("mote", "comoe"):
         output = tmp_path / arch
         with audited_writes(monkeypatch) as writes:
-            upcycle(UpcycleOptions(base=dense_path, output=output, arch=arch))
+            upcycle(upcycle_options(arch, base=dense_path, output=output))
         assert_each_file_written_once(writes, output)
 
 
