@@ -6,6 +6,7 @@ import ast
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -362,3 +363,33 @@ def test_the_config_write_check_can_fail():
         "modeling/a.py:4 Base.choose",
         "modeling/b.py:3 Layer.forward",
     ]
+
+
+# the installed package's folders (not the benchmarks, experiments, scripts and tests beside it)
+PACKAGE_FOLDERS = ("modeling/", "convert/", "training/", "evaluation/", "moe_embed/", "hub_cards/")
+LONGEST_FUNCTION = 65
+
+
+def long_functions(files: dict[str, str], limit: int = LONGEST_FUNCTION) -> list[str]:
+    """`path:line name (N lines)` of each function longer than `limit` lines, from `def` to its last line."""
+    found = []
+    for path, source in files.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    found.append(f"{path}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_of_the_package_is_longer_than_a_reader_can_hold():
+    files = {path: source for path, source in repository_sources().items() if path.startswith(PACKAGE_FOLDERS)}
+    assert len(files) >= 50  # the walk found the package
+    assert long_functions(files) == []
+
+
+def test_the_length_check_can_fail():
+    body = "".join(f"x{i} = {i}\n" for i in range(LONGEST_FUNCTION - 1))
+    fits = "def fits():\n" + textwrap.indent(body, "    ")
+    long = "class C:\n    def long(self):\n" + textwrap.indent(body + "y = 1\n", "        ")
+    assert long_functions({"convert/a.py": fits, "convert/b.py": long}) == ["convert/b.py:2 long (66 lines)"]
