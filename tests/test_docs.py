@@ -197,3 +197,25 @@ def test_the_parse_check_can_fail(monkeypatch, capsys):
     )
     problems, parsed = parse_problems(text, monkeypatch)
     assert parsed == 1 and len(problems) == 2, problems
+
+
+@pytest.mark.slow
+def test_the_readme_fast_lane_collects_from_an_activated_venv():
+    """`source .venv/bin/activate; pytest`, as the README says: the venv's `pytest` console script, run from the
+    repository root with no PYTHONPATH, collects every test (the repository's own folders, `experiments` and
+    `benchmarks`, importable as `python -m pytest` would make them)."""
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "pytest").is_file(), "the dev extra installs the pytest console script"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(bin_dir.parent))  # what activate sets
+    result = subprocess.run(
+        ["pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "error" not in result.stdout.splitlines()[-1], result.stdout[-3000:]
+    assert "tests/test_experiments.py::" in result.stdout
