@@ -115,10 +115,8 @@ def openvino_quantized(folder: Path, fp32_runner, client, st, texts, fp32, min_c
         logger.info("OpenVINO or NNCF not installed: no OpenVINO int8 model (pip install 'moe-embed[openvino]')")
         return None
     logger.info("quantising for OpenVINO with NNCF (%s)", openvino_int8.OPENVINO_INT8_FILE)
-    inputs = {i.name for i in fp32_runner.get_inputs()}
-    feeds = openvino_int8.calibration_feeds(client, st.prompts or {}, inputs)
     xml = folder / openvino_int8.OPENVINO_INT8_FILE
-    openvino_int8.quantize_openvino(folder / GRAPH_FILE, xml, feeds)
+    openvino_int8.quantize_openvino(folder / GRAPH_FILE, xml, client, st.prompts or {})
     quantized = embed(openvino_int8.OpenVinoSession(xml), client, texts)
     return int8_agreement(openvino_int8.OPENVINO_INT8_FILE, quantized, fp32, min_cosine)
 

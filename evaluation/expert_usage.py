@@ -4,8 +4,9 @@
         --output usage.json --plot usage.png
 
 For each task, up to `--max-texts` of its evaluation texts (drawn with `--seed`; retrieval: queries and
-documents in equal parts, with the prompts `query` and `document`; other tasks: the model's prompt named by
-the task's mteb type, as mteb picks it) go through the model, and per layer it reports
+documents in equal parts) go through the model, each with the prompt mteb's evaluation gives it (mteb's own
+lookup: task name and prompt type, task name, task type and prompt type, task type, prompt type; else the
+model's default prompt), and per layer it reports
 
 - the **share of routing slots** each expert received: every non-padding token sends `k` slots at
   each routed site (a CoMoE linear, or a MoE layer's FFN), counted over the sites of the layer,
@@ -97,27 +98,48 @@ def mean_pairwise_cosine(outputs):
 TEXT_COLUMNS = ("text", "sentence", "sentence1", "sentence2", "sentences")
 
 
+def mteb_prompt(model, metadata, prompt_type=None) -> str:
+    """The prompt mteb's Sentence-Transformers wrapper gives the texts of the task of `metadata` (of `prompt_type`,
+    mteb's `PromptType`, or None) when it evaluates the SentenceTransformer `model`: mteb's own lookup over the
+    prompt names it accepts, else what `encode` adds without a prompt (the model's default prompt)."""
+    from mteb.models.abs_encoder import AbsEncoder, get_prompt
+
+    accepted, _ = AbsEncoder.validate_task_to_prompt_name(model.prompts or None, raise_for_invalid_keys=False)
+    prompt = get_prompt(accepted, metadata, prompt_type)
+    if prompt is None and model.default_prompt_name is not None:
+        prompt = model.prompts.get(model.default_prompt_name)
+    return prompt or ""
+
+
 def task_texts(task, model, max_texts: int, seed: int) -> list[str]:
     """Up to `max_texts` of the loaded mteb `task`'s evaluation texts, with the prompts mteb gives them."""
+    from mteb.types import PromptType
+
     split = task.metadata.eval_splits[0]
     data = task.dataset[split] if split in task.dataset else task.dataset[next(iter(task.dataset))][split]
-    prompts, rng = model.prompts or {}, random.Random(seed)
+    rng = random.Random(seed)
     if isinstance(data, dict):  # retrieval: queries and documents, each half of the draw
         queries = list(data["queries"]["text"])
         documents = corpus_texts(data["corpus"])
         half = max_texts // 2
-        return [prompts.get("query", "") + t for t in rng.sample(queries, min(half, len(queries)))] + [
-            prompts.get("document", "") + t for t in rng.sample(documents, min(max_texts - half, len(documents)))
+        query, document = (mteb_prompt(model, task.metadata, kind) for kind in (PromptType.query, PromptType.document))
+        return [query + t for t in rng.sample(queries, min(half, len(queries)))] + [
+            document + t for t in rng.sample(documents, min(max_texts - half, len(documents)))
         ]
+    # an asymmetric pair task (STS, pair classification) names each side's prompt type; the others have none
+    kinds = {
+        "sentence1": getattr(task, "input1_prompt_type", None),
+        "sentence2": getattr(task, "input2_prompt_type", None),
+    }
+    prompts = {column: mteb_prompt(model, task.metadata, kinds.get(column)) for column in TEXT_COLUMNS}
     texts = [
-        text
+        prompts[column] + text
         for column in TEXT_COLUMNS
         if column in data.column_names
         for value in data[column]
         for text in (value if isinstance(value, list) else [value])
     ]
-    prompt = prompts.get(task.metadata.type, "")
-    return [prompt + t for t in rng.sample(texts, min(max_texts, len(texts)))]
+    return rng.sample(texts, min(max_texts, len(texts)))
 
 
 def expert_usage(model, texts: list[str], batch_size: int = 32) -> list[dict]:

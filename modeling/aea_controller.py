@@ -1,21 +1,32 @@
 """AEA at run time: `AdaptiveExpertAllocation` runs a supported MoE model (`aea_layers.py`) with per-layer and
 per-token expert counts (`aea_allocation.py`) and stops at the exit layer, without changing a weight.
 `apply()` installs forward hooks on the routers, experts and attention modules and removes them (and
-restores every router's `top_k`) on exit.
+restores every router's `top_k`) on exit. It is called as a transformers model is: `aea(**tokenizer(texts))`
+(`token_type_ids` included), and answers `last_hidden_state`.
 
-Calibrated model folders carry this file inlined into their code: it imports only torch and its siblings.
+Calibrated model folders carry this file inlined into their code: it imports only torch, public transformers
+names and its siblings.
 """
 
+import inspect
+import logging
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.utils import ModelOutput
 
 from .aea_allocation import allocate_tokens, attention_strength
 from .aea_layers import experts_arguments, find_moe_layers, flat_rows, grid_rows, run_model
 from .defaults import AEA_ROUNDINGS
+
+logger = logging.getLogger(__name__)
+
+EAGER_NEEDED = (
+    "Token-wise expert allocation needs attention probabilities: load the model with attn_implementation='eager'"
+)
 
 
 class _EarlyExit(Exception):
@@ -23,12 +34,22 @@ class _EarlyExit(Exception):
 
 
 @dataclass
-class AeaOutput:
-    """`hidden_states` `(batch, tokens, hidden)`: the output of the exit layer; `routing_probs`: the
-    softmax of the router logits of each MoE layer that ran, `(batch, tokens, experts)`, when asked."""
+class AeaOutput(ModelOutput):
+    """What an AEA forward returns, as transformers' model outputs do (`out.last_hidden_state`, `out[0]`).
 
-    hidden_states: torch.Tensor
+    Args:
+        last_hidden_state (`torch.Tensor` of shape `(batch, tokens, hidden)`): the output of the exit layer.
+        routing_probs (`tuple[torch.Tensor]`, *optional*): when asked, the softmax of the router logits of each
+            MoE layer that ran, `(batch, tokens, experts)`.
+    """
+
+    last_hidden_state: torch.Tensor | None = None
     routing_probs: tuple | None = None
+
+    @property
+    def hidden_states(self) -> torch.Tensor:
+        """`last_hidden_state`, under the name this output had first."""
+        return self.last_hidden_state
 
 
 @dataclass
@@ -50,8 +71,9 @@ class AdaptiveExpertAllocation:
         model: a supported MoE model (see `SUPPORTED_FAMILIES`), base model or with a head.
         layer_top_k: one entry per layer, as in `aea_config.json`: the layer's k, 0 after the exit layer,
             `None` for a dense layer. `None`: every MoE layer keeps its own `top_k`.
-        token_wise: reallocate each layer's budget between tokens by attention strength; needs the model
-            loaded with `attn_implementation="eager"`.
+        token_wise: reallocate each layer's budget between tokens by attention strength, read from the
+            attention probabilities that only eager attention returns: a model loaded with another (sdpa, the
+            default) is switched to `attn_implementation="eager"` here.
         rounding: `"floor"` (the paper) or `"largest-remainder"`, see `allocate_tokens`.
         exit_layer: number of layers whose output is embedded, 1..L (default: the last layer whose
             `layer_top_k` is not 0).
@@ -61,7 +83,7 @@ class AdaptiveExpertAllocation:
     ```python
     >>> aea = AdaptiveExpertAllocation(model, layer_top_k=[...], token_wise=True)
     >>> with aea.apply():
-    ...     out = aea(input_ids, attention_mask)  # AeaOutput
+    ...     out = aea(**tokenizer(texts, padding=True, return_tensors="pt"))  # AeaOutput: out.last_hidden_state
     ```
 
     Calls are serialised by a lock: the hooks share one state per forward pass.
@@ -92,6 +114,10 @@ class AdaptiveExpertAllocation:
                 raise ValueError(f"layer {index} runs (exit layer {exit_layer}) but has k = 0")
         self.layer_top_k = list(layer_top_k)
         self.token_wise = token_wise
+        if token_wise:
+            use_eager_attention(model)
+        # a tokenizer's `token_type_ids` reach a model that reads them (BERT-like); decoders have none
+        self._takes_token_types = "token_type_ids" in inspect.signature(self.base.forward).parameters
         if rounding not in AEA_ROUNDINGS:
             raise ValueError(f"rounding must be one of {', '.join(AEA_ROUNDINGS)}, got {rounding!r}")
         self.rounding = rounding
@@ -109,11 +135,8 @@ class AdaptiveExpertAllocation:
             if call is None:
                 return None
             probs = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-            if probs is None:
-                raise ValueError(
-                    "Token-wise expert allocation needs attention probabilities: load the model with "
-                    "attn_implementation='eager'"
-                )
+            if probs is None:  # switched back to another attention after construction
+                raise ValueError(EAGER_NEEDED)
             handles = self.layers[index]
             strength = attention_strength(probs, call.mask)
             call.token_top_k[index] = allocate_tokens(
@@ -227,8 +250,11 @@ class AdaptiveExpertAllocation:
                 self.layers[index].router.top_k = top_k
             self._applied = False
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask=None, output_routing_probs=False) -> AeaOutput:
-        """Embed one batch up to the exit layer (inside `apply()`)."""
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask=None, output_routing_probs=False, *, token_type_ids=None
+    ) -> AeaOutput:
+        """Embed one batch up to the exit layer (inside `apply()`); `token_type_ids` go to a model that reads
+        them and are ignored by one that has none (a decoder)."""
         if not self._applied:
             raise RuntimeError("Call the allocation inside `with aea.apply():`")
         if attention_mask is None:
@@ -242,14 +268,29 @@ class AdaptiveExpertAllocation:
                 routing=[] if output_routing_probs else None,
             )
             try:
-                run_model(self.base, input_ids, attention_mask)
+                token_types = token_type_ids if self._takes_token_types else None
+                run_model(self.base, input_ids, attention_mask, token_types)
                 raise RuntimeError("The exit layer's hook did not fire")
             except _EarlyExit:
                 call = self._call
             finally:
                 self._call = None
         routing = tuple(call.routing) if call.routing is not None else None
-        return AeaOutput(hidden_states=call.exit_hidden, routing_probs=routing)
+        return AeaOutput(last_hidden_state=call.exit_hidden, routing_probs=routing)
 
 
-__all__ = ["AdaptiveExpertAllocation", "AeaOutput"]
+def use_eager_attention(model: nn.Module) -> None:
+    """Switch `model` to eager attention (`set_attn_implementation`), which token-wise allocation reads; one
+    that cannot switch is refused in one line."""
+    config = getattr(model, "config", None)
+    if getattr(config, "_attn_implementation", "eager") == "eager":
+        return
+    switch = getattr(model, "set_attn_implementation", None)
+    if switch is not None:
+        switch("eager")
+    if model.config._attn_implementation != "eager":
+        raise ValueError(EAGER_NEEDED)
+    logger.info("token-wise allocation reads attention probabilities: the model now runs eager attention")
+
+
+__all__ = ["AdaptiveExpertAllocation", "AeaOutput", "use_eager_attention"]

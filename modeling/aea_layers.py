@@ -130,10 +130,12 @@ def experts_arguments(args: tuple, kwargs: dict):
     return values[0], values[1], values[2]
 
 
-def run_model(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+def run_model(base: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids=None):
     """Forward of the base model with positions counted from each row's first real token, so that a
-    left-padded row is embedded as if it were alone."""
+    left-padded row is embedded as if it were alone; `token_type_ids` are passed on where given."""
     kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if token_type_ids is not None:
+        kwargs["token_type_ids"] = token_type_ids
     if not bool(attention_mask[:, 0].all()):  # left padding: positions must not count the padding
         offset = getattr(base.config, "position_offset", 0)
         kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp_min(0) + offset

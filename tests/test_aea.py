@@ -352,15 +352,65 @@ def test_group_limited_routing_caps_k():
         AdaptiveExpertAllocation(model, layer_top_k=[None, 5, 2, 2])
 
 
-def test_token_wise_allocation_needs_eager_attention():
+def test_token_wise_allocation_switches_the_model_to_the_eager_attention_it_reads(monkeypatch):
+    """A model loaded as `AutoModel` loads it (sdpa) is switched to eager attention by the controller, and computes
+    what the model loaded with eager attention computes; one that cannot switch is refused in one line."""
     from transformers import AutoModel
 
-    model = tiny_family_model("olmoe")
-    sdpa = AutoModel.from_config(model.config, attn_implementation="sdpa").eval()
+    eager = tiny_family_model("olmoe")
+    sdpa = AutoModel.from_config(eager.config, attn_implementation="sdpa").eval()
+    sdpa.load_state_dict(eager.state_dict())
+    assert sdpa.config._attn_implementation == "sdpa"
     ids, mask = batch()
+    expected = run_aea(eager, ids, mask, token_wise=True)
+    out = run_aea(sdpa, ids, mask, token_wise=True)
+    assert sdpa.config._attn_implementation == "eager"
+    assert torch.allclose(out.last_hidden_state, expected.last_hidden_state, atol=1e-5)
+
+    layer_wise = AutoModel.from_config(eager.config, attn_implementation="sdpa").eval()
+    run_aea(layer_wise, ids, mask, exit_layer=3)  # layer-wise allocation works on any attention, and keeps it
+    assert layer_wise.config._attn_implementation == "sdpa"
+    monkeypatch.setattr(type(layer_wise), "set_attn_implementation", lambda self, name: None)  # cannot switch
     with pytest.raises(ValueError, match="attn_implementation='eager'"):
-        run_aea(sdpa, ids, mask, token_wise=True)
-    run_aea(sdpa, ids, mask, exit_layer=3)  # layer-wise only works on any attention
+        AdaptiveExpertAllocation(layer_wise, token_wise=True)
+    monkeypatch.undo()
+
+    controller = AdaptiveExpertAllocation(layer_wise, token_wise=True)
+    layer_wise.set_attn_implementation("sdpa")  # switched back after construction: the hook says so
+    with pytest.raises(ValueError, match="attn_implementation='eager'"), torch.no_grad(), controller.apply():
+        controller(ids, mask)
+
+
+def test_called_with_what_a_tokenizer_returns_it_answers_last_hidden_state(moe_dir):
+    """`aea(**tokenizer(texts))`, as a transformers model is called: `token_type_ids` reach the model, and the
+    exit layer's output is `last_hidden_state` (also `out[0]`), as in the model's own output."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(moe_dir, trust_remote_code=True)
+    model = AutoModel.from_pretrained(moe_dir, trust_remote_code=True).eval()
+    features = tokenizer(["a man plays a guitar", "a dog"], padding=True, return_tensors="pt")
+    assert "token_type_ids" in features
+    ones = {**features, "token_type_ids": torch.ones_like(features["input_ids"])}
+    controller = AdaptiveExpertAllocation(model)  # the model's own k, every layer: the model's own function
+    with torch.no_grad(), controller.apply():
+        out = controller(**features)
+        second = controller(**ones)
+    with torch.no_grad():
+        expected, expected_second = model(**features).last_hidden_state, model(**ones).last_hidden_state
+    assert torch.equal(out.last_hidden_state, expected) and out[0] is out.last_hidden_state
+    assert out.hidden_states is out.last_hidden_state  # the name it had first
+    assert torch.equal(second.last_hidden_state, expected_second)  # the type ids were read, not dropped
+    assert not torch.allclose(expected_second, expected)
+
+
+def test_a_model_without_token_types_ignores_them():
+    model = tiny_family_model("olmoe")
+    ids, mask = batch()
+    plain = run_aea(model, ids, mask, token_wise=True)
+    controller = AdaptiveExpertAllocation(model, token_wise=True)
+    with torch.no_grad(), controller.apply():
+        out = controller(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
+    assert torch.equal(out.last_hidden_state, plain.last_hidden_state)
 
 
 @pytest.mark.parametrize(

@@ -131,3 +131,18 @@ def test_cli_and_bad_input(dense_path, tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_:
             run_cli(main, [*args, "--model", dense_path, "--output", str(out)])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_one_prompt_lookup_for_embed_task_mine_and_filter():
+    """`prompt_name` (training/embedders.py) answers `embed --task` and the prompts `mine` / `filter` embed with:
+    the first name the folder has, each as a prompt name or a MoTE task's name; None where it has none."""
+    from moe_embed.training.embedders import prompt_name
+
+    e5 = {"query": "query: ", "passage": "passage: "}  # E5's names: documents are passages
+    assert prompt_name(e5, "query") == "query"
+    assert prompt_name(e5, "document", "passage") == "passage"
+    both = {**e5, "document": "document: "}
+    assert prompt_name(both, "document", "passage") == "document"  # the first name wins
+    mote = {"query": "search_query: ", "Classification": "classification: "}  # a MoTE folder's mteb names
+    assert prompt_name(mote, "classification") == "Classification" == prompt_name(mote, "Classification")
+    assert prompt_name(mote, "document", "passage") is None and prompt_name({}, "query") is None

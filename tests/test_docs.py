@@ -18,8 +18,9 @@ from conftest import FIXTURE_DATA, REPO
 # The README's first block: the two commands that set up an environment. The test command runs this very test,
 # and both install packages, so they are run by CI (`.ci/run`) and in a fresh clone, not here.
 SETUP_COMMANDS = {"bash scripts/demo.sh", "bash scripts/test.sh"}
-# what documented commands read from the repository (they run from a scratch folder that links to these)
-LINKED = ("examples", "convert", "scripts")
+# what documented commands read from the repository (they run from a scratch folder that links to these; the
+# README's `evaluate` reads the data fixtures as tests/data)
+LINKED = ("examples", "convert", "scripts", "tests")
 PAGES = sorted(path.name for path in (REPO / "docs").glob("*.md"))
 NOT_RUN = re.compile(r"<!-- not run: (?P<why>[^>]+?) -->\s*$")
 PAGE_NOT_RUN = re.compile(r"^<!-- code blocks not run: (?P<why>[^>]+?) -->\s*$", flags=re.M)
@@ -53,13 +54,17 @@ def commands(code: str) -> list[list[str]]:
     return found
 
 
-def run_blocks_in_order(text: str, folder: Path, skip=lambda language, code: False) -> int:
+def run_blocks_in_order(text: str, folder: Path, skip=lambda language, code: False, data_folder=True) -> int:
     """Run the page's runnable blocks in order in `folder` (bash with -euo pipefail, python in a new interpreter);
-    returns how many ran."""
+    returns how many ran. `data_folder`: the fixtures stand in for the data folder ($MOE_EMBED_DATA); without it,
+    the page's commands find data only where they say (the README, as a new user runs it)."""
     for name in LINKED:
         (folder / name).symlink_to(REPO / name)
     bin_dir = str(Path(sys.executable).parent)  # `moe-embed` and `python` of this environment
-    env = {**os.environ, "MOE_EMBED_DATA": str(FIXTURE_DATA), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env = {key: value for key, value in os.environ.items() if key != "MOE_EMBED_DATA"}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    if data_folder:
+        env["MOE_EMBED_DATA"] = str(FIXTURE_DATA)
     ran = 0
     for index, (language, code, why) in enumerate(blocks_with_reasons(text)):
         if language not in RUNNABLE or why or skip(language, code):
@@ -85,7 +90,8 @@ def test_readme_code_blocks_run_in_order(tmp_path):
             return True
         return False
 
-    assert run_blocks_in_order(text, tmp_path, setup_block) == len(blocks) - 1
+    # as a new user runs it: offline (as the suite runs), no data folder but what the README names
+    assert run_blocks_in_order(text, tmp_path, setup_block, data_folder=False) == len(blocks) - 1
     assert skipped == SETUP_COMMANDS  # the setup block is the only one not run here, and it is still there
 
 
@@ -197,3 +203,25 @@ def test_the_parse_check_can_fail(monkeypatch, capsys):
     )
     problems, parsed = parse_problems(text, monkeypatch)
     assert parsed == 1 and len(problems) == 2, problems
+
+
+@pytest.mark.slow
+def test_the_readme_fast_lane_collects_from_an_activated_venv():
+    """`source .venv/bin/activate; pytest`, as the README says: the venv's `pytest` console script, run from the
+    repository root with no PYTHONPATH, collects every test (the repository's own folders, `experiments` and
+    `benchmarks`, importable as `python -m pytest` would make them)."""
+    bin_dir = Path(sys.executable).parent
+    assert (bin_dir / "pytest").is_file(), "the dev extra installs the pytest console script"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", VIRTUAL_ENV=str(bin_dir.parent))  # what activate sets
+    result = subprocess.run(
+        ["pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "error" not in result.stdout.splitlines()[-1], result.stdout[-3000:]
+    assert "tests/test_experiments.py::" in result.stdout

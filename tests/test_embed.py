@@ -4,6 +4,7 @@ a cluster of two nodes simulated on this machine."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -431,9 +432,14 @@ def test_a_job_without_address_runs_on_a_ray_of_its_own(dense_path, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, result["err"]
-    # a run that works says what it did and nothing of Ray's (its notes, deprecations, the core worker's E line)
+    # a run that works says what it did and nothing of Ray's (its notes, deprecations, the core worker's E line, the
+    # line its log level costs), not even after the progress bar on the bar's own line
     lines = [line for line in result["err"].replace("\r", "\n").splitlines() if line.strip()]
     assert lines and all(line.startswith(("embed:", "1 actors of")) for line in lines), lines
+    ray_lines = re.findall(
+        r"\[\d{4}-\d\d-\d\d [\d:,]+ [DIWEF] \d+ \d+\] \S+\.cc:\d+", result["err"]
+    )  # Ray's C++ log lines
+    assert ray_lines == [] and "RAY_BACKEND_LOG_LEVEL" not in result["err"], result["err"]
     [summary] = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("_part-*.json")]
     assert result["nodes"] and summary["node"] not in result["nodes"]
 
@@ -452,7 +458,7 @@ def test_address_runs_the_job_on_a_cluster_of_two_nodes(dense_path, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["code"] == 0, result["err"]
-    assert "every id appears once" in result["out"]
+    assert "every id appears once" in result["out"] and "(0 shards done before this run;" in result["out"]
     nodes = {json.loads(p.read_text())["node"] for p in output.glob("_part-*.json")}
     assert len(nodes) == 2  # one actor on each node (the default: one per node, all its CPUs)
     expected = SentenceTransformer(dense_path).encode(TEXTS)

@@ -7,7 +7,7 @@ import torch
 from conftest import TEXTS, randomize_lora_b, run_main, sharpen_routers, top_k_margin
 from sentence_transformers import SentenceTransformer
 
-from moe_embed.evaluation.expert_usage import expert_usage, main, mean_pairwise_cosine, table
+from moe_embed.evaluation.expert_usage import expert_usage, main, mean_pairwise_cosine, table, task_texts
 
 
 @pytest.fixture
@@ -114,3 +114,55 @@ def test_cli_refuses_a_model_without_routing(dense_path, fixture_data, capsys):
     assert "expected a token-routed model (model_type comoe_bert or moe_bert), got 'bert'" in err
     code, err = run_main(main, dense_path, "--tasks", "NoSuchTask", capsys=capsys)
     assert code == 2 and "unknown tasks ['NoSuchTask']" in err
+
+
+def test_each_text_carries_the_prompt_mteb_evaluates_it_with(moe_dir, fixture_data, monkeypatch):
+    """The report's texts carry the prompt that mteb's Sentence-Transformers wrapper sends with them: a task name's
+    prompt before its type's (STSBenchmark), a task name and prompt type (SciFact's queries) before the prompt type
+    (its documents), and the model's default prompt where mteb finds none (Banking77, no Classification prompt)."""
+    from datasets import Dataset
+    from mteb.models.sentence_transformer_wrapper import SentenceTransformerEncoderWrapper
+    from mteb.types import PromptType
+    from torch.utils.data import DataLoader
+
+    from moe_embed.evaluation.run import load_tasks
+
+    model = SentenceTransformer(moe_dir, trust_remote_code=True)
+    model.prompts = {
+        "query": "q: ",
+        "document": "d: ",
+        "SciFact-query": "scifact q: ",
+        "STS": "s: ",
+        "STSBenchmark": "b: ",
+    }
+    model.default_prompt_name = "document"
+    wrapper = SentenceTransformerEncoderWrapper(model)
+    sent = []
+    preprocess = model.preprocess
+
+    def recording(inputs, prompt=None, **kwargs):
+        sent.append(prompt)
+        return preprocess(inputs, prompt=prompt, **kwargs)
+
+    monkeypatch.setattr(model, "preprocess", recording)
+
+    def mteb_sends(task, prompt_type=None) -> str:
+        sent.clear()
+        texts = DataLoader(Dataset.from_dict({"text": ["a text"]}), batch_size=1)
+        wrapper.encode(
+            texts, task_metadata=task.metadata, hf_split="test", hf_subset="default", prompt_type=prompt_type
+        )
+        assert sent and sent[0]
+        return sent[0]
+
+    def prompts_of(texts: list[str], known: set[str]) -> set[str]:
+        return {next(p for p in sorted(known, key=len, reverse=True) if t.startswith(p)) for t in texts}
+
+    known = set(model.prompts.values())
+    tasks = load_tasks(["STSBenchmark", "SciFact", "Banking77Classification"], str(fixture_data))
+    for name in ("STSBenchmark", "Banking77Classification"):
+        texts = task_texts(tasks[name], model, max_texts=6, seed=0)
+        assert len(texts) == 6 and prompts_of(texts, known) == {mteb_sends(tasks[name])}, name
+    texts = task_texts(tasks["SciFact"], model, max_texts=6, seed=0)  # queries, then documents
+    assert prompts_of(texts[:3], known) == {mteb_sends(tasks["SciFact"], PromptType.query)}
+    assert prompts_of(texts[3:], known) == {mteb_sends(tasks["SciFact"], PromptType.document)}

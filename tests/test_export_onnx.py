@@ -14,12 +14,14 @@ import torch
 from conftest import (
     TEXTS,
     client_feed,
+    export_onnx_folder,
     read_json,
     run_isolated,
     run_main,
     save_trained_copy,
     tiny_family_model,
     tiny_mote_config,
+    upcycled,
 )
 from sentence_transformers import SentenceTransformer
 from sentence_transformers.models import Pooling
@@ -295,3 +297,73 @@ def test_bad_input_is_one_line_and_exit_2(case, message, mote_dir, moe_dir, tmp_
     assert code == 2 and message in err.strip().splitlines()[-1], err
     assert (out / "keep.txt").exists() if case == "exists" else not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")]
+
+
+def empty_activation_ranges(xml: Path) -> list[str]:
+    """The activation quantisers of an OpenVINO int8 model whose range is empty (every value quantised to zero)."""
+    import openvino
+
+    empty = []
+    for op in openvino.Core().read_model(str(xml)).get_ops():
+        if op.get_type_name() == "FakeQuantize" and op.input_value(0).get_node().get_type_name() != "Constant":
+            low, high = (op.input_value(i).get_node().get_data() for i in (1, 2))
+            if np.all(high <= low):
+                empty.append(op.get_friendly_name())
+    return empty
+
+
+@pytest.mark.slow
+def test_openvino_int8_of_a_token_moe_is_quiet_and_quantises_no_input_to_zero(dense_path, tmp_path_factory, caplog):
+    """A token MoE whose router reaches its experts unevenly (upcycled with expert noise): an expert that gets no
+    calibration token in a batch spoils NNCF's range of its input, which comes out empty ([0, 0]: every value
+    quantised to zero), with 20-odd numpy/NNCF RuntimeWarnings on the way. The export emits no RuntimeWarning
+    and no activation of its int8 model has an empty range; calibrated on plain texts only (no prompts), where
+    one expert gets no token at all, the inputs that could not be measured stay float32, said in one log line."""
+    import logging
+    import warnings
+
+    from tokenizers import Tokenizer
+
+    from moe_embed.convert.openvino_int8 import OPENVINO_INT8_FILE, quantize_openvino
+
+    source = upcycled(tmp_path_factory, dense_path, "moe-noisy", arch="moe", expert_noise=0.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        folder = export_onnx_folder(tmp_path_factory, source, quantize="int8", int8_min_cosine=0.9)
+        assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+        assert empty_activation_ranges(folder / OPENVINO_INT8_FILE) == []
+
+        plain = folder / "plain.xml"
+        client = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        with caplog.at_level(logging.INFO, logger="moe_embed.convert.openvino_int8"):
+            quantize_openvino(folder / "onnx" / "model.onnx", plain, client, prompts={})
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+    assert empty_activation_ranges(plain) == []
+    lines = [r.getMessage() for r in caplog.records if "stay in float32" in r.getMessage()]
+    assert len(lines) == 1 and int(lines[0].split("OpenVINO int8: ")[1].split()[0]) >= 1, lines
+
+
+def test_an_activation_quantiser_with_an_empty_range_is_bypassed():
+    """`keep_unmeasured_inputs_in_fp32`: a FakeQuantize of range [0, 0] in front of a matmul (NNCF's range of an
+    input it saw no data for) is taken out, so the input reaches the matmul as it is; one with a range stays."""
+    import openvino
+    from openvino import opset13 as ops
+
+    from moe_embed.convert.openvino_int8 import keep_unmeasured_inputs_in_fp32
+
+    def quantiser(node, low, high):
+        low, high = ops.constant(np.float32(low)), ops.constant(np.float32(high))
+        return ops.fake_quantize(node, low, high, low, high, 256)
+
+    x = ops.parameter([2, 4], np.float32, name="x")
+    weight = ops.constant(np.arange(16, dtype=np.float32).reshape(4, 4) / 10)
+    empty = ops.matmul(quantiser(x, 0.0, 0.0), weight, False, False)
+    measured = ops.matmul(quantiser(x, -2.0, 2.0), weight, False, False)
+    model = openvino.Model([empty, measured], [x])
+    assert keep_unmeasured_inputs_in_fp32(model) == 1
+    feed = np.linspace(-1.5, 1.5, 8, dtype=np.float32).reshape(2, 4)
+    results = openvino.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})([feed])
+    got_empty, got_measured = results[0], results[1]
+    assert np.allclose(got_empty, feed @ weight.get_data(), atol=1e-5)  # before: all zeros
+    assert np.abs(got_measured - feed @ weight.get_data()).max() < 0.1  # still quantised, close
+    assert sum(op.get_type_name() == "FakeQuantize" for op in model.get_ops()) == 1

@@ -271,10 +271,10 @@ def test_a_task_name_finds_its_prompt_where_a_prompt_name_is_asked_for(mote_dir)
     from moe_embed.training.embedders import prompt_name
 
     prompts = SentenceTransformer(mote_dir, trust_remote_code=True).prompts
-    assert [prompts[prompt_name(task, prompts)] for task in ("query", "document", "classification", "clustering")] == [
+    assert [prompts[prompt_name(prompts, task)] for task in ("query", "document", "classification", "clustering")] == [
         "search_query: ",
         "search_document: ",
         "classification: ",
         "clustering: ",
     ]
-    assert prompt_name("STS", prompts) == "STS" and prompt_name("legal", prompts) == "legal"  # unknown: as given
+    assert prompt_name(prompts, "STS") == "STS" and prompt_name(prompts, "legal") is None  # unknown: none

@@ -68,11 +68,6 @@ def write_rows(path: Path, rows: list[dict], overwrite: bool) -> None:
     atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), overwrite)
 
 
-def prompt_name(prompts: dict, names: tuple[str, ...]) -> str | None:
-    """The first of `names` the model has a prompt for."""
-    return next((n for n in names if n in prompts), None)
-
-
 def embed_texts(texts: list[str], name: str, task: str | None, options, work: Path) -> Iterator[np.ndarray]:
     """Embed `texts` with `moe-embed embed` into `work/name/` and yield their L2-normalised float32 vectors, one
     shard at a time, in order. `options`: the `EmbedOptions` of the job (model, Ray settings)."""
@@ -158,13 +153,13 @@ def mine_negatives(anchors, index, own: np.ndarray, excluded: list[set], margin:
 
 def run_search(command: str, rows: list[dict], args, options, work: Path) -> list[dict]:
     """Embed the pairs through `moe-embed embed`, then filter them or mine their negatives."""
-    from moe_embed.training.embedders import folder_prompts
+    from moe_embed.training.embedders import folder_prompts, prompt_name
 
     distinct = list(dict.fromkeys(r["positive"] for r in rows))  # each positive text embedded once
     column = {text: i for i, text in enumerate(distinct)}
     own = np.array([column[r["positive"]] for r in rows], dtype=np.int64)
     prompts = folder_prompts(Path(options.model))
-    query, document = prompt_name(prompts, ("query",)), prompt_name(prompts, ("document", "passage"))
+    query, document = prompt_name(prompts, "query"), prompt_name(prompts, "document", "passage")
     index = positive_index(embed_texts(distinct, "positives", document, options, work))
     anchors = embed_texts([r["anchor"] for r in rows], "anchors", query, options, work)
     if command == "filter":

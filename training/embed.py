@@ -28,12 +28,15 @@ tokens, as `encode` embeds them, and counted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import re
 import shutil
+import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -141,7 +144,7 @@ class EmbedReport:
     rows: int  # rows read
     embedded: int
     shards: int
-    resumed_shards: int  # done before this run
+    resumed_shards: int  # shards done before this run
     bad_rows: int
     longer_than_model: int
     seconds: float
@@ -302,6 +305,10 @@ def count_attempt(output: Path, shard: Shard) -> int:
     return path.stat().st_size
 
 
+# what Ray's C++ core prints, at its INFO level whatever the level it reads, when RAY_BACKEND_LOG_LEVEL is set
+RAY_LEVEL_NOTE = "Set ray log level from environment variable RAY_BACKEND_LOG_LEVEL"
+
+
 def start_ray(address: str) -> None:
     """`ray.init` as quiet as the command: without `--verbose`, Ray's notes on a run that works (its token
     authentication, the core worker's note on actors that can restart) are not printed; Ray's errors, and this
@@ -312,12 +319,37 @@ def start_ray(address: str) -> None:
         ray.init(address=address, include_dashboard=False, logging_level=logging.INFO, log_to_driver=True)
         return
     level = os.environ.get("RAY_BACKEND_LOG_LEVEL")
-    os.environ["RAY_BACKEND_LOG_LEVEL"] = level or "fatal"  # read by the processes `ray.init` starts
+    os.environ["RAY_BACKEND_LOG_LEVEL"] = level or "fatal"  # read by this process's core worker and those started
     try:
-        ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+        with stderr_without(RAY_LEVEL_NOTE):  # the one line the setting itself costs (`logging.cc`)
+            ray.init(address=address, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     finally:
         if level is None:
             os.environ.pop("RAY_BACKEND_LOG_LEVEL")
+
+
+@contextlib.contextmanager
+def stderr_without(marker: str):
+    """Run the block with this process's standard error (file descriptor 2, where Ray's C++ core writes) caught,
+    then pass on every line of it but those that hold `marker`."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no standard error to catch
+        yield
+        return
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if marker not in line))
+            sys.stderr.flush()
 
 
 def quiet_ray_data() -> None:
@@ -557,7 +589,7 @@ def main(
     rate = report.rows / report.seconds if report.seconds else float("nan")
     print(
         f"embedded {report.embedded} of {report.rows} rows into {report.shards} shards under {report.output} "
-        f"({report.resumed_shards} done before this run; {rate:.0f} rows/s); every id appears once; "
+        f"({report.resumed_shards} shards done before this run; {rate:.0f} rows/s); every id appears once; "
         f"{report.longer_than_model} texts longer than the model reads were embedded from their first tokens"
     )
     if report.bad_rows:

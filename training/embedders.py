@@ -45,15 +45,29 @@ def check_model(model: str, task: str | None, onnx_file: str | None, trust_remot
         raise UsageError(f"--onnx-file applies to exported ONNX folders; {model} has no onnx_config.json")
     if onnx and not (folder / (onnx_file or GRAPH)).is_file():
         raise UsageError(f"{model} has no {onnx_file or GRAPH} (--onnx-file)")
-    prompts = folder_prompts(folder)
-    if task is not None and prompt_name(task, prompts) not in prompts:
-        raise UsageError(f"{model} has no prompt {task!r} for --task; its prompts are: {', '.join(prompts) or 'none'}")
+    task_prompt_name(model, task, folder_prompts(folder))
     return str(folder)
 
 
-def prompt_name(task: str, prompts: dict) -> str:
-    """The prompt `--task` names: a prompt name, or a MoTE task's name (`classification` -> `Classification`)."""
-    return task if task in prompts else prompt_key(task)
+def prompt_name(prompts: dict, *names: str) -> str | None:
+    """The name in `prompts` of the first of `names` the folder has a prompt for, each taken as a prompt name or
+    as a MoTE task's name (`classification` -> its prompt `Classification`); None where it has none. What
+    `--task` names, and the prompts `mine` and `filter` embed with (`query`; `document`, else `passage`)."""
+    for name in names:
+        for key in (name, prompt_key(name)):
+            if key in prompts:
+                return key
+    return None
+
+
+def task_prompt_name(model, task: str | None, prompts: dict) -> str | None:
+    """The prompt name `--task` names (None without a task), refused in one line where the folder has none."""
+    if task is None:
+        return None
+    name = prompt_name(prompts, task)
+    if name is None:
+        raise UsageError(f"{model} has no prompt {task!r} for --task; its prompts are: {', '.join(prompts) or 'none'}")
+    return name
 
 
 def untruncated(tokenizer):
@@ -74,8 +88,8 @@ class Embedder:
     def __init__(self, model: str, task: str | None, *, onnx_file: str | None = None, trust_remote_code=False):
         """`model`: a local folder that `check_model` accepted."""
         prompts = folder_prompts(Path(model))
-        self.task = prompt_name(task, prompts) if task else None
-        self.prompt = prompts.get(self.task, "") if task else ""
+        self.task = task_prompt_name(model, task or None, prompts)
+        self.prompt = prompts.get(self.task, "") if self.task else ""
         if is_onnx_folder(model):
             self._load_onnx(Path(model), onnx_file or GRAPH)
         else:
