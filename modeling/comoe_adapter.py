@@ -25,6 +25,7 @@ from .manifest import (
     ADAPTER_CONFIG_NAME,
     ADAPTER_PEFT_TYPE,
     ADAPTER_WEIGHTS_NAME,
+    BASE_SHAPE_FIELDS,
     LIBRARY_NAME,
     ST_MODULES,
     TOKENIZER_FILES,
@@ -34,16 +35,6 @@ from .st_folder import MODEL_CONFIG_FILE, MODULES_FILE, write_model_config, writ
 logger = logging.getLogger(__name__)
 
 ADAPTER_KEY_PREFIX = "base_model.model."  # peft's prefix of adapter tensor names
-# config fields that must agree between an adapter and the base it is loaded on
-BASE_SHAPE_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-)
 # Hub checkpoints that a Python package also installs on disk (the same weights), by the package's module: an
 # adapter names its base by the Hub id, for every machine, and where the Hub cannot give it (offline, no
 # connection) loads it from the package if installed. `module.get_model_path()` is the checkpoint's folder.
@@ -254,7 +245,6 @@ def write_adapter_module_files(model, save_directory: str) -> None:
 
 __all__ = [
     "ADAPTER_KEY_PREFIX",
-    "BASE_SHAPE_FIELDS",
     "adapter_config",
     "adapter_state_dict",
     "base_config_path",

@@ -9,6 +9,16 @@ ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_PEFT_TYPE = "COMOE"
 LIBRARY_NAME = "moe-embed"
+# config fields that size the encoder: an adapter and the base it is loaded on must agree on them
+BASE_SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+)
 
 # the tokenizer files a folder may hold (WordPiece, BPE, SentencePiece)
 TOKENIZER_FILES = (
@@ -59,6 +69,7 @@ AUTO_MAP = {
 }
 
 __all__ = [
+    "BASE_SHAPE_FIELDS",
     "ADAPTER_CONFIG_NAME",
     "ADAPTER_WEIGHTS_NAME",
     "ADAPTER_PEFT_TYPE",

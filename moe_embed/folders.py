@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moe_embed.errors import UsageError
-from moe_embed.modeling.manifest import ADAPTER_CONFIG_NAME
+from moe_embed.modeling.manifest import ADAPTER_CONFIG_NAME, BASE_SHAPE_FIELDS
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 # what a Hub snapshot brings: everything a folder needs, nothing that would be unpickled or is unused here
@@ -44,13 +44,7 @@ BUNDLED_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
 # line naming the field, not a TypeError deep inside a converter.
 CONFIG_FIELD_KINDS = {
     "integer": (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "max_position_embeddings",
-        "type_vocab_size",
+        *BASE_SHAPE_FIELDS,
         "pad_token_id",
         "position_offset",
         "num_local_experts",
