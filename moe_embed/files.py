@@ -14,6 +14,9 @@ from pathlib import Path
 from moe_embed.errors import UsageError
 from moe_embed.folders import check_output
 
+# the model code's own writer (it runs in folders where this package is absent): one form of JSON for every file
+from moe_embed.modeling.st_folder import write_json
+
 
 def read_json(path: str | os.PathLike):
     """Parse a JSON file, with a one-line error naming the file when it is missing or invalid."""
@@ -23,11 +26,6 @@ def read_json(path: str | os.PathLike):
         raise UsageError(f"missing file {path}") from None
     except json.JSONDecodeError as error:
         raise UsageError(f"{path} is not valid JSON ({error})") from None
-
-
-def write_json(path: str | os.PathLike, data) -> None:
-    """Write `data` as indented JSON."""
-    Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], object]) -> Path:
