@@ -250,7 +250,8 @@ def upcycle_options(arch: str = "mote", **values) -> UpcycleOptions:
 
 def _refuse(flags: list[str], names: list[str], arch: str):
     arches = sorted({a for name in names for a in _arches_of(name)})
-    raise UsageError(f"{', '.join(flags)} only apply to --arch {'/'.join(arches)} (this run is --arch {arch})")
+    verb = "applies" if len(flags) == 1 else "apply"
+    raise UsageError(f"{', '.join(flags)} only {verb} to --arch {'/'.join(arches)} (this run is --arch {arch})")
 
 
 def upcycle_parser(arch: str, description: str | None, prog: str | None = None) -> ArgumentParser:

@@ -213,7 +213,7 @@ def test_one_options_class_per_architecture():
     for call in (lambda: UpcycleOptions(num_experts=4), lambda: MoeOptions(num_experts=4)):
         with pytest.raises(TypeError, match="num_experts is now num_local_experts"):
             call()
-    with pytest.raises(UsageError, match=re.escape("--lora-rank only apply to --arch comoe")):
+    with pytest.raises(UsageError, match=re.escape("--lora-rank only applies to --arch comoe")):
         upcycle_options("moe", lora_rank=4)
     with pytest.raises(UsageError, match="unknown router_init 'zero'; expected one of normal, zeros"):
         MoeOptions(router_init="zero")

@@ -257,8 +257,8 @@ def test_extract_adapter_says_what_it_wrote(trained_folders, tmp_path, capsys):
         (["--lora-rank", "0"], "`lora_rank` must be a positive integer, got 0"),
         (["--target-modules", "query,ffn"], "unknown target module 'ffn'"),
         (["--adapter-layers", "9"], "adapter_layers` holds layer indices [9] out of range"),
-        (["--expert-layers", "all"], "--expert-layers only apply to --arch mote"),
-        (["--moe-layers", "all"], "--moe-layers only apply to --arch moe"),
+        (["--expert-layers", "all"], "--expert-layers only applies to --arch mote"),
+        (["--moe-layers", "all"], "--moe-layers only applies to --arch moe"),
     ],
 )
 def test_upcycle_comoe_bad_options(dense_path, tmp_path, capsys, args, message):
@@ -302,7 +302,7 @@ def test_rank_option_of_another_arch_is_refused(tmp_path, capsys):
     code, err = run_main(
         upcycle_main, "--arch", "moe", "--output", str(tmp_path / "o"), "--lora-rank", "8", capsys=capsys
     )
-    assert code == 2 and "--lora-rank only apply to --arch comoe" in err
+    assert code == 2 and "--lora-rank only applies to --arch comoe" in err
 
 
 @pytest.fixture()

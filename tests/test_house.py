@@ -135,7 +135,7 @@ def test_every_subcommand_answers_help_without_importing_torch():
     ("argv", "message"),
     [
         (["upcycle", "--arch", "dense"], "invalid choice: 'dense'"),
-        (["upcycle", "--arch", "moe", "--expert-layers", "all"], "--expert-layers only apply to --arch mote"),
+        (["upcycle", "--arch", "moe", "--expert-layers", "all"], "--expert-layers only applies to --arch mote"),
         (["upcycle", "--expert-noise", "-1", "--arch", "moe"], "--expert-noise must be >= 0"),
         (["merge", "m", "--output", "o", "--task", "query", "--experts", "query"], "pass --task or --experts"),
         (["export", "m", "--output", "o", "--opset", "9"], "--opset must lie in 18..23"),

@@ -163,10 +163,10 @@ def _copy_source(dense_path: str, target: Path) -> Path:
         ("activation", "Unknown hidden_act 'swishy'"),
         ("output-is-source", "overlaps the input"),
         ("output-inside-source", "overlaps the input"),
-        ("other-arch-flag", "--num-local-experts only apply to --arch comoe/moe"),
+        ("other-arch-flag", "--num-local-experts only applies to --arch comoe/moe"),
         ("strict-and-default", "pass --default-task or --strict-routing, not both"),
         ("unknown-default", "Unknown task 'legal'"),
-        ("strict-on-moe", "--strict-routing only apply to --arch mote"),
+        ("strict-on-moe", "--strict-routing only applies to --arch mote"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(dense_path, tmp_path, capsys, breakage, message):
