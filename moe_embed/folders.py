@@ -19,6 +19,7 @@ line (`UsageError`) before any work, the same way everywhere:
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -71,16 +72,16 @@ CONFIG_FIELD_KINDS = {
 
 
 def _is_kind(value, kind: str) -> bool:
-    integer = isinstance(value, int) and not isinstance(value, bool)
-    checks = {
-        "integer": lambda v: integer,
-        "number": lambda v: integer or isinstance(v, float),
-        "string": lambda v: isinstance(v, str),
-        "list of integers": lambda v: isinstance(v, list) and all(_is_kind(i, "integer") for i in v),
-        "list of strings": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
-        "object": lambda v: isinstance(v, dict),
-    }
-    return checks[kind](value)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return _is_kind(value, "integer") or isinstance(value, float)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "object":
+        return isinstance(value, dict)
+    item = kind.removeprefix("list of ").removesuffix("s")  # "list of integers" -> "integer"
+    return isinstance(value, list) and all(_is_kind(v, item) for v in value)
 
 
 def check_config_shape(config, path) -> dict:
@@ -140,7 +141,7 @@ class ModelFolder:
             kinds = kinds[0] if len(kinds) == 1 else ", ".join(kinds[:-1]) + " or " + kinds[-1]
             raise UsageError(f"{self.name} holds model_type={self.model_type!r}; expected a {kinds} folder")
 
-    @property
+    @functools.cached_property
     def adapter_settings(self) -> dict | None:
         """The `adapter_config.json` of an adapter-only folder (a CoMoE adapter or a peft one), else `None`."""
         if not (self.path / ADAPTER_CONFIG_NAME).is_file():  # a folder is local here: no torch for a plain one
