@@ -13,9 +13,12 @@ routed, 8 experts, top-2, every other layer), `comoe` (LoRA experts, top-2 of 4,
 `comoe-merged` (the same CoMoE folder through `moe-embed merge --calibration` first, the package's calibration
 texts: a dense graph; its `torch` is the merged model, so compare with the `comoe` row's `torch` for what
 merging gains). Each is exported by `convert/export_onnx.py --quantize int8` (the dense one by the same
-tracing, without the MoTE-only parts). Backends: `torch` (the exported graph's PyTorch module, fp32, eager), `ort` and
-`ort-int8` (onnxruntime CPU, as many threads as torch), `ov` (OpenVINO CPU reading `onnx/model.onnx`, f32
-precision hint) and `ov-int8` (OpenVINO's own static int8, `openvino/openvino_model_qint8_quantized.xml`).
+tracing, without the MoTE-only parts). Backends: `torch` (the exported graph's PyTorch module, fp32, eager), `ort`,
+`ort-int8` (the int8 weights of the `avx512_vnni`, `avx512` and `arm64` files: one graph) and `ort-quint8` (the
+uint8 weights of `model_quint8_avx2.onnx`) (onnxruntime CPU, as many threads as torch), `ov` (OpenVINO CPU
+reading `onnx/model.onnx`, f32 precision hint) and `ov-int8` (OpenVINO's own static int8,
+`openvino/openvino_model_qint8_quantized.xml`, the CPU's default precision for what is not int8). An int8
+backend's cell gives its rate against PyTorch and against its runtime's fp32 graph.
 Inputs are random token ids, no padding; a MoTE row starts with its task's prompt
 (`benchmarks.common.batch_of`). Rates are medians of rounds that interleave the backends; the families run
 one after another, each family's sessions freed before the next (every session keeps the memory of its
@@ -47,7 +50,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.common import batch_of, cpu_description, dense_base, median_rates, prepare, timing_parser
 from moe_embed.convert.onnx_graph import GRAPH_FILE
-from moe_embed.convert.onnx_int8 import INT8_FILE
+from moe_embed.convert.onnx_int8 import INT8_FILE, INT8_VARIANTS
 from moe_embed.convert.openvino_int8 import CALIBRATION_TEXTS, OPENVINO_INT8_FILE
 from moe_embed.convert.options import DEFAULT_MIN_COSINE
 from moe_embed.data import DATA_DIR_HELP
@@ -55,8 +58,10 @@ from moe_embed.errors import run_cli
 from moe_embed.options import parse
 
 FAMILIES = ("dense", "mote", "mote-one-task", "mote-query", "moe", "comoe", "comoe-merged")
-BACKENDS = ("torch", "ort", "ort-int8", "ov", "ov-int8")
+BACKENDS = ("torch", "ort", "ort-int8", "ort-quint8", "ov", "ov-int8")
 INT8 = f"onnx/{INT8_FILE}"
+QUINT8 = f"onnx/{INT8_VARIANTS['avx2'].file_name}"  # the avx2 family's graph: uint8 weights
+FP32_OF = {"ort-int8": "ort", "ort-quint8": "ort", "ov-int8": "ov"}  # an int8 backend's fp32 graph, same runtime
 REFERENCE = "dense reference "  # the name prefix of the dense sessions timed in another family's rounds
 FEED_TASKS = {"mote-one-task": ["query"]}  # the tasks a family's rows carry (default: every task, mixed)
 REPO = Path(__file__).resolve().parent.parent  # where `python -m benchmarks.session_rate` runs
@@ -81,7 +86,7 @@ def build(family: str, work: Path, base: str) -> tuple[Path, torch.nn.Module]:
         out.mkdir()
         client = write_folder_files(Path(base), out, st, st.max_seq_length)
         export_graph(graph, graph_inputs(client, ["an example", "two"]), out / GRAPH_FILE, None)
-        quantize_checked(out, session(out / GRAPH_FILE), st, client, DEFAULT_MIN_COSINE)
+        quantize_checked(out, session(out / GRAPH_FILE), st, client, DEFAULT_MIN_COSINE, list(INT8_VARIANTS))
         return out, graph
     options = {"mote": {}, "moe": {"arch": "moe", "expert_noise": 0.02}, "comoe": {"arch": "comoe"}}
     source = work / family.split("-")[0]  # mote-query, mote-one-task, comoe-merged: the mote and comoe folders
@@ -143,7 +148,7 @@ def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
             return graph(**{k: torch.from_numpy(v) for k, v in feed.items()})
 
         runs["torch"] = run_torch
-    for name, file in (("ort", GRAPH_FILE), ("ort-int8", INT8)):
+    for name, file in (("ort", GRAPH_FILE), ("ort-int8", INT8), ("ort-quint8", QUINT8)):
         if name in backends:
             import onnxruntime
 
@@ -272,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
                 cell = f"{rate[backend]:.1f}"
                 if backend != "torch" and "torch" in rate:
                     cell += f" ({rate[backend] / rate['torch']:.2f}x"
+                    if FP32_OF.get(backend) in rate:  # against its own runtime's fp32 graph
+                        cell += f", {rate[backend] / rate[FP32_OF[backend]]:.2f}x fp32 graph"
                     dense = rates.get(("dense", batch_size, seq_len))
                     dense = rate.get(f"{REFERENCE}{backend}", dense and dense[backend])
                     cell += f", {rate[backend] / dense:.2f} of dense)" if dense and family != "dense" else ")"

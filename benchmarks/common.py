@@ -111,17 +111,17 @@ def batch_of(model, batch_size: int, seq_len: int, tasks: list[str] | None = Non
 
 
 def cpu_description() -> str:
-    """The CPU's model name and whether it has the int8 dot-product instructions int8 kernels use (AVX-512 VNNI,
-    AVX-VNNI, AMX), from `/proc/cpuinfo` where there is one."""
+    """The CPU's model name, its int8 family and the flags that decide it (`convert/cpu_graph.py`, the reading the
+    serving choice uses), and oneDNN's ISA cap where one is set (OpenVINO's kernels then run as on such a CPU)."""
+    import os
     import platform
     from pathlib import Path
+
+    from moe_embed.convert.cpu_graph import cpu_family, cpu_flags, describe
 
     info = Path("/proc/cpuinfo")
     text = info.read_text() if info.is_file() else ""
     model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    int8 = [name for name in ("avx512_vnni", "avx_vnni", "amx_int8") if name in flags]
-    return (
-        f"CPU {model or platform.processor() or platform.machine()}; int8 instructions: "
-        f"{', '.join(int8) if int8 else 'none of avx512_vnni, avx_vnni, amx_int8' if flags else 'unknown'}"
-    )
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    capped = f"; OpenVINO's oneDNN capped at {cap} (ONEDNN_MAX_CPU_ISA)" if cap else ""
+    return f"CPU {model or platform.processor() or platform.machine()}, {describe(cpu_family(), cpu_flags())}{capped}"

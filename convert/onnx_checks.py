@@ -92,24 +92,38 @@ def check_export(runner, graph: SentenceEmbeddingGraph, st, client, example: dic
     return max(worst, encoded)
 
 
-def quantize_checked(folder: Path, fp32_runner, st, client, min_cosine: float) -> dict:
-    """Write the int8 graphs beside the fp32 one (`fp32_runner`: its session): onnxruntime's, and OpenVINO's where
-    the `openvino` extra is installed; refuse when a row's cosine to fp32 is below the bound."""
-    from moe_embed.convert.onnx_int8 import INT8_FILE, agreement_texts, quantize
+def quantize_checked(folder: Path, fp32_runner, st, client, min_cosine: float, variants: list[str]) -> dict:
+    """Write the int8 graphs beside the fp32 one (`fp32_runner`: its session): onnxruntime's for each CPU family of
+    `variants`, and OpenVINO's where the `openvino` extra is installed; refuse when a row's cosine to fp32 is below
+    the bound."""
+    from moe_embed.convert.onnx_int8 import INT8_VARIANTS, agreement_texts, write_variants
 
-    int8 = folder / "onnx" / INT8_FILE
-    logger.info("quantising to int8 (%s)", int8.name)
-    quantize(folder / GRAPH_FILE, int8)
+    logger.info("quantising to int8 for %s", ", ".join(variants))
+    graphs = write_variants(folder / GRAPH_FILE, variants)
     texts = agreement_texts(st.prompts or {})
     fp32 = embed(fp32_runner, client, texts)
-    agreement = int8_agreement(f"onnx/{INT8_FILE}", embed(session(int8), client, texts), fp32, min_cosine)
+    by_file = {}
+    for first, files in graphs.items():  # one agreement per distinct graph: the files of a setting are one graph
+        quantized = embed(session(folder / "onnx" / first), client, texts)
+        by_file.update(dict.fromkeys(files, int8_agreement(f"onnx/{first}", quantized, fp32, min_cosine)))
+    result = {"texts": len(texts), "variants": {}}
+    for name in variants:
+        variant = INT8_VARIANTS[name]
+        agreement = by_file[variant.file_name]
+        result["variants"][name] = {
+            "file": f"onnx/{variant.file_name}",
+            "weights": variant.weights,
+            "per_channel": variant.per_channel,
+            "min_cosine": agreement["min_cosine"],
+            "mean_cosine": agreement["mean_cosine"],
+        }
     openvino = openvino_quantized(folder, fp32_runner, client, st, texts, fp32, min_cosine)
-    return {**agreement, "openvino": openvino} if openvino else agreement
+    return {**result, "openvino": openvino} if openvino else result
 
 
 def openvino_quantized(folder: Path, fp32_runner, client, st, texts, fp32, min_cosine: float) -> dict | None:
     """OpenVINO's static int8 (`convert/openvino_int8.py`) with its agreement, or None without the extra."""
-    from moe_embed.convert import openvino_int8
+    from moe_embed.convert import cpu_graph, openvino_int8
 
     if not openvino_int8.available():
         logger.info("OpenVINO or NNCF not installed: no OpenVINO int8 model (pip install 'moe-embed[openvino]')")
@@ -118,6 +132,14 @@ def openvino_quantized(folder: Path, fp32_runner, client, st, texts, fp32, min_c
     xml = folder / openvino_int8.OPENVINO_INT8_FILE
     openvino_int8.quantize_openvino(folder / GRAPH_FILE, xml, client, st.prompts or {})
     quantized = embed(openvino_int8.OpenVinoSession(xml), client, texts)
+    family, flags = cpu_graph.cpu_family(), cpu_graph.cpu_flags()
+    if not (family and family.openvino_int8):  # written for the CPUs it pays on; said where it does not
+        logger.warning(
+            "%s is slower than OpenVINO's fp32 on this %s: serve %s with OpenVINO here (docs/serving.md)",
+            openvino_int8.OPENVINO_INT8_FILE,
+            cpu_graph.describe(family, flags),
+            GRAPH_FILE,
+        )
     return int8_agreement(openvino_int8.OPENVINO_INT8_FILE, quantized, fp32, min_cosine)
 
 

@@ -21,6 +21,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
@@ -130,7 +131,11 @@ def write_onnx_folder(folder: Path, output: Path, options: ExportOptions) -> Pat
         logger.info("exported in %.1f s", time.perf_counter() - start)
         fp32 = session(tmp / GRAPH_FILE)  # one session for every check
         worst = check_export(fp32, graph, st, client, example, options.tolerance)
-        agreement = quantize_checked(tmp, fp32, st, client, options.int8_min_cosine) if options.quantize else None
+        agreement = (
+            quantize_checked(tmp, fp32, st, client, options.int8_min_cosine, options.int8_variants)
+            if options.quantize
+            else None
+        )
         info = onnx_config(graph, st, example, input_length, options.opset, worst, agreement)
         write_json(tmp / "onnx_config.json", info)
         usage_card(tmp, folder.name, info)
@@ -142,8 +147,17 @@ def usage_card(folder: Path, name: str, info: dict) -> None:
     """Write the folder's README (`hub_cards/onnx.md`): the contract, the prompts, int8 agreement, and how each
     client loads it."""
     from moe_embed.convert.cards import write_card
+    from moe_embed.convert.cpu_graph import FAMILIES, family_file
 
     prompts = info["prompts"]
+    families = [  # each family's files in this folder, as `moe_embed.convert.cpu_graph` picks them on such a CPU
+        SimpleNamespace(
+            **vars(family),
+            onnxruntime_file=family_file(folder, "onnxruntime", family)[0],
+            openvino_file=family_file(folder, "openvino", family)[0],
+        )
+        for family in FAMILIES
+    ]
     example_prompt = prompts.get("query") or next(iter(prompts.values()), "")
     write_card(
         folder,
@@ -153,6 +167,7 @@ def usage_card(folder: Path, name: str, info: dict) -> None:
         routed="routed_task_ids" in info["outputs"],
         int8=info.get("int8"),
         openvino=(info.get("int8") or {}).get("openvino"),
+        families=families,
         rows=[(key, json.dumps(value)) for key, value in prompts.items()],
         example_text=json.dumps(example_prompt + "who was isaac newton?"),
         inputs=", ".join(f"`{i}`" for i in info["inputs"]),

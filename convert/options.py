@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from moe_embed.convert.onnx_int8 import INT8_VARIANTS
 from moe_embed.convert.task_prefixes import parse_task_prefixes
 from moe_embed.data import DATA_DIR_HELP
 from moe_embed.errors import UsageError
@@ -375,8 +376,15 @@ class ExportOptions(FolderOptions):
     task: str | None = option(help="MoTE: export only this task's experts, as a plain graph")
     task_ids_input: bool = option(False, help="MoTE: add a task_ids input (-1: the prompt decides)")
     quantize: Literal["int8"] | None = option(
-        help="also write onnx/model_qint8_avx512_vnni.onnx (onnxruntime) and, with the openvino extra, "
-        "openvino/openvino_model_qint8_quantized.xml (NNCF static int8)",
+        help="also write an onnxruntime int8 graph per CPU family (onnx/model_qint8_avx512_vnni.onnx, "
+        "model_qint8_avx512.onnx, model_quint8_avx2.onnx, model_qint8_arm64.onnx, as sentence-transformers names "
+        "them) and, with the openvino extra, openvino/openvino_model_qint8_quantized.xml (NNCF static int8)",
+    )
+    int8_variants: list[str] = option(
+        default_factory=lambda: list(INT8_VARIANTS),
+        help="with --quantize int8: the CPU families to write onnxruntime int8 graphs for, comma-separated, of "
+        f"{', '.join(INT8_VARIANTS)} (default: all)",
+        metavar="NAMES",
     )
     int8_min_cosine: float = option(
         DEFAULT_MIN_COSINE,
@@ -393,6 +401,13 @@ class ExportOptions(FolderOptions):
             raise UsageError(f"--opset must lie in 18..23 (the dynamo exporter's range), got {self.opset}")
         if not 0 < self.int8_min_cosine <= 1:
             raise UsageError(f"--int8-min-cosine must lie in (0, 1], got {self.int8_min_cosine}")
+        unknown = [name for name in self.int8_variants if name not in INT8_VARIANTS]
+        if unknown or not self.int8_variants:
+            raise UsageError(
+                f"--int8-variants: unknown {', '.join(unknown) or 'empty list'}; expected names among "
+                f"{', '.join(INT8_VARIANTS)}"
+            )
+        self.int8_variants = list(dict.fromkeys(self.int8_variants))
 
 
 DEFAULT_ALPHAS = [float(alpha) for alpha in range(11)]

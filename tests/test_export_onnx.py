@@ -154,17 +154,18 @@ def test_onnx_folder_readme_embeds_without_torch(trained_mote, mote_onnx):
     assert np.abs(np.array(out["embeddings"]) - st.encode(out["texts"])).max() <= 1e-4
 
 
-def test_int8_graph_agrees_with_fp32_as_its_card_states(trained_mote, mote_onnx):
+@pytest.mark.parametrize("variant", ["avx512_vnni", "avx2"])
+def test_int8_graph_agrees_with_fp32_as_its_card_states(variant, trained_mote, mote_onnx):
     from moe_embed.convert.onnx_int8 import agreement_texts, row_cosines
 
-    config = read_json(mote_onnx / "onnx_config.json")
-    assert config["int8"]["file"] == "onnx/model_qint8_avx512_vnni.onnx"
-    assert f"{config['int8']['min_cosine']:.4f}" in (mote_onnx / "README.md").read_text()
+    recorded = read_json(mote_onnx / "onnx_config.json")["int8"]["variants"][variant]
+    card = (mote_onnx / "README.md").read_text()
+    assert f"| {variant} | `{recorded['file']}` | {recorded['weights']} | {recorded['min_cosine']:.4f}" in card
     st = SentenceTransformer(str(trained_mote), trust_remote_code=True)
     texts = agreement_texts(st.prompts)[::5]
-    int8 = run(mote_onnx, client_feed(mote_onnx, texts), config["int8"]["file"])[0]
+    int8 = run(mote_onnx, client_feed(mote_onnx, texts), recorded["file"])[0]
     cos = row_cosines(int8, np.stack([st.encode([t])[0] for t in texts]))
-    assert cos.min() >= config["int8"]["min_cosine"] - 1e-3 >= 0.9 - 1e-3
+    assert cos.min() >= recorded["min_cosine"] - 1e-3 >= 0.9 - 1e-3
 
 
 @pytest.mark.parametrize(
@@ -219,7 +220,8 @@ def test_moe_and_comoe_folders_embed_as_encode(family, moe_dir, comoe_dir, moe_o
     texts = [st.prompts["query"] + TEXTS[0], *TEXTS[1:], LONG]
     sentence = run(out, client_feed(out, texts))[0]
     assert np.abs(sentence - st.encode(texts)).max() <= 1e-4
-    assert read_json(out / "onnx_config.json")["int8"]["min_cosine"] >= 0.9
+    variants = read_json(out / "onnx_config.json")["int8"]["variants"]
+    assert min(variant["min_cosine"] for variant in variants.values()) >= 0.9
 
 
 def test_merged_comoe_exports_as_a_plain_dense_graph(comoe_dir, tmp_path, capsys):
@@ -238,9 +240,15 @@ def test_merged_comoe_exports_as_a_plain_dense_graph(comoe_dir, tmp_path, capsys
         merge_main, str(trained), "--output", str(merged), "--calibration", str(calibration), capsys=capsys
     )
     assert code == 0, err
-    code, err = export(capsys, str(merged), "--output", str(out), "--quantize", "int8", "--int8-min-cosine", "0.9")
+    code, err = export(
+        capsys, str(merged), "--output", str(out), "--quantize", "int8", "--int8-min-cosine", "0.9",
+        "--int8-variants", "avx512_vnni,avx2",
+    )  # fmt: skip
     assert code == 0, err
     info = read_json(out / "onnx_config.json")
+    # the families asked for, and only they
+    assert sorted(p.name for p in (out / "onnx").glob("model_*")) == [INT8_FILE, "model_quint8_avx2.onnx"]
+    assert list(info["int8"]["variants"]) == ["avx512_vnni", "avx2"]
     assert info["source_model_type"] == "bert" and info["outputs"] == ["sentence_embedding", "last_hidden_state"]
     st = SentenceTransformer(str(merged))  # a dense folder: no remote code
     texts = [st.prompts["query"] + TEXTS[0], *TEXTS[1:], LONG]

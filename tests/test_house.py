@@ -139,6 +139,7 @@ def test_every_subcommand_answers_help_without_importing_torch():
         (["upcycle", "--expert-noise", "-1", "--arch", "moe"], "--expert-noise must be >= 0"),
         (["merge", "m", "--output", "o", "--task", "query", "--experts", "query"], "pass --task or --experts"),
         (["export", "m", "--output", "o", "--opset", "9"], "--opset must lie in 18..23"),
+        (["export", "m", "--output", "o", "--int8-variants", "avx3"], "unknown avx3; expected names among avx512_vnni"),
         (["calibrate-aea", "m", "--output", "o", "--prompt", "no text slot"], "--prompt must contain [TEXT]"),
         (["no-such-command"], "unknown subcommand 'no-such-command'"),
     ],

@@ -94,7 +94,8 @@ def test_openvino_reads_the_graph_and_embeds_as_pytorch(family, request):
     # OpenVINO's own (NNCF static int8, sentence-transformers' file name)
     recorded = json.loads((folder / "onnx_config.json").read_text())["int8"]
     for file, bound in [
-        ("onnx/model_qint8_avx512_vnni.onnx", recorded["min_cosine"]),
+        ("onnx/model_qint8_avx512_vnni.onnx", recorded["variants"]["avx512_vnni"]["min_cosine"]),
+        ("onnx/model_quint8_avx2.onnx", recorded["variants"]["avx2"]["min_cosine"]),
         ("openvino/openvino_model_qint8_quantized.xml", recorded["openvino"]["min_cosine"]),
     ]:
         quantized = core.compile_model(str(folder / file), "CPU")({k: v for k, v in feed.items() if k in inputs})

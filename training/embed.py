@@ -1,7 +1,7 @@
 """Embed a corpus on Ray Data, on this machine or a cluster: every row once, resumable.
 
     moe-embed embed models/mote-minilm corpus.jsonl --output embeddings/ --task document --trust-remote-code
-    moe-embed embed models/mote-onnx corpus.parquet --output emb/ --onnx-file onnx/model_qint8_avx512_vnni.onnx
+    moe-embed embed models/mote-onnx corpus.parquet --output emb/ --task query   # the graph for this CPU
     moe-embed embed sentence-transformers/all-MiniLM-L6-v2 user/dataset --split train --output emb/ --address auto
 
 The corpus (a .jsonl or .parquet file, a folder of them, or a Hub dataset split) is cut into shards of
@@ -24,6 +24,11 @@ refused before anything is embedded).
 Rows without an id or with an empty text are not embedded: they are counted, listed in `_bad_rows.jsonl`, and
 the command exits 2 after finishing the rest. Texts longer than the model reads are embedded from their first
 tokens, as `encode` embeds them, and counted.
+
+An exported ONNX folder is embedded with the graph `--onnx-file` names, else the one for the CPU the command runs
+on (`convert/cpu_graph.py`: the int8 graph of the CPU's family where it is measured faster than fp32 there, else
+`onnx/model.onnx`; `--verbose` says which and why). It is chosen once, here, for every worker, and is part of the
+job: a resumed run embeds with the same graph.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -115,7 +120,8 @@ class EmbedOptions(RayOptions):
     split: str = option("train", help="split of a Hub dataset (default: %(default)s)")
     batch_size: int = option(64, help="texts per model call (default: %(default)s)")
     onnx_file: str | None = option(
-        help="graph of an exported ONNX folder (default: onnx/model.onnx; e.g. the int8 one)"
+        help="graph of an exported ONNX folder (default: the one for this CPU, the int8 graph where it is faster "
+        "here, else onnx/model.onnx; --verbose says which)"
     )
     trust_remote_code: bool = option(False, help="allow the model folder's own code (this package's folders)")
     overwrite: bool = option(False, help="replace another job's shards in --output")
@@ -431,6 +437,18 @@ def prepare_output(output: Path, job: dict, overwrite: bool) -> None:
         atomic_write(path, lambda p: Path(p).write_text(json.dumps(job, indent=2)))
 
 
+def job_graph(model: str, onnx_file: str | None, output: Path) -> str | None:
+    """The graph every worker embeds the ONNX folder `model` with (None: not an ONNX folder): `onnx_file`, else the
+    one a job on `model` already in `output` started with, else the one for this CPU. Chosen once, here: workers
+    on other kinds of CPU, or a run resumed on another machine, must not embed one corpus with two graphs."""
+    from moe_embed.training.embedders import graph_file
+
+    path = output / JOB_FILE
+    previous = json.loads(path.read_text()) if path.is_file() else {}
+    started = previous.get("onnx_file") if previous.get("model") == model else None
+    return graph_file(model, onnx_file or started)
+
+
 def is_done(output: Path, shard: Shard) -> bool:
     return (output / shard_name(shard.index)).is_file()
 
@@ -565,6 +583,7 @@ def embed_corpus(options: EmbedOptions, worker: type[ShardWorker] = ShardWorker)
     corpus = Corpus(options.input, options.id_column, options.text_column, options.split)
     model = check_model(options.model, options.task, options.onnx_file, options.trust_remote_code)
     output = Path(options.output)
+    options = replace(options, onnx_file=job_graph(model, options.onnx_file, output))
     check_output(output, tuple(corpus.files()) + (Path(model),), overwrite=True)  # overlap only: resuming is allowed
     shards = plan_shards(corpus, options.rows_per_shard)
     check_input_ids(shards, options)  # hours of embedding are not spent on an input the end would refuse

@@ -3,7 +3,8 @@
 - A folder `SentenceTransformer` loads (every family of this package: MoTE, token-routed MoE, CoMoE, AEA; or
   any plain Sentence-Transformers model): `encode(texts, prompt_name=task)`, so a MoTE folder routes by the
   task's prompt exactly as `SentenceTransformer.encode` does.
-- An exported ONNX folder (`moe-embed export`, with `onnx_config.json`): its graph through onnxruntime (or an
+- An exported ONNX folder (`moe-embed export`, with `onnx_config.json`): the graph named, else the one for this
+  CPU (`convert/cpu_graph.py`: the int8 graph where it is faster here, else fp32), through onnxruntime (an
   OpenVINO `.xml` through OpenVINO), fed as any client feeds it: the task's prompt in front of the text,
   `tokenizer.json` alone. The rows of a call are sorted by length before batching, as `encode` sorts them.
 
@@ -13,14 +14,16 @@ Both count the texts longer than the model reads (embedded from their first toke
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
 
+from moe_embed.convert.cpu_graph import GRAPH_FILE as GRAPH
 from moe_embed.errors import UsageError
 from moe_embed.modeling.defaults import prompt_key
 
-GRAPH = "onnx/model.onnx"
+logger = logging.getLogger(__name__)
 
 
 def is_onnx_folder(model: str | Path) -> bool:
@@ -47,6 +50,18 @@ def check_model(model: str, task: str | None, onnx_file: str | None, trust_remot
         raise UsageError(f"{model} has no {onnx_file or GRAPH} (--onnx-file)")
     task_prompt_name(model, task, folder_prompts(folder))
     return str(folder)
+
+
+def graph_file(folder: str | Path, onnx_file: str | None) -> str | None:
+    """The graph to embed an exported ONNX `folder` with: `onnx_file` where given, else the one for this CPU (the
+    choice logged, shown with `--verbose`); None for a folder that is not an ONNX export."""
+    from moe_embed.convert.cpu_graph import serving_file
+
+    if not is_onnx_folder(folder) or onnx_file:
+        return onnx_file
+    file, why = serving_file(folder)
+    logger.info("embedding with %s", why)
+    return file
 
 
 def prompt_name(prompts: dict, *names: str) -> str | None:
@@ -91,7 +106,7 @@ class Embedder:
         self.task = task_prompt_name(model, task or None, prompts)
         self.prompt = prompts.get(self.task, "") if self.task else ""
         if is_onnx_folder(model):
-            self._load_onnx(Path(model), onnx_file or GRAPH)
+            self._load_onnx(Path(model), graph_file(model, onnx_file))
         else:
             self._load_sentence_transformer(model, trust_remote_code)
 
@@ -148,4 +163,4 @@ class Embedder:
         return sum(len(ids) > self.max_tokens for ids in lengths)
 
 
-__all__ = ["Embedder", "check_model", "is_onnx_folder"]
+__all__ = ["Embedder", "check_model", "graph_file", "is_onnx_folder"]
