@@ -68,7 +68,8 @@ REPO = Path(__file__).resolve().parent.parent  # where `python -m benchmarks.ses
 
 
 def build(family: str, work: Path, base: str) -> tuple[Path, torch.nn.Module]:
-    """The family's exported folder, made from the dense `base`, and the PyTorch module its graph was traced from."""
+    """The family's exported folder, made from the dense `base` (one already in `work` is taken as it is), and the
+    PyTorch module its graph was traced from."""
     from sentence_transformers import SentenceTransformer
 
     from moe_embed.convert.export_onnx import ExportOptions, export_onnx
@@ -83,6 +84,8 @@ def build(family: str, work: Path, base: str) -> tuple[Path, torch.nn.Module]:
     if family == "dense":
         st = SentenceTransformer(base, device="cpu")
         graph = SentenceEmbeddingGraph(st[0].auto_model.eval(), list(st)[1:])
+        if out.exists():
+            return out, graph
         out.mkdir()
         client = write_folder_files(Path(base), out, st, st.max_seq_length)
         export_graph(graph, graph_inputs(client, ["an example", "two"]), out / GRAPH_FILE, None)
@@ -93,9 +96,12 @@ def build(family: str, work: Path, base: str) -> tuple[Path, torch.nn.Module]:
     if not source.exists():
         upcycle(upcycle_options(output=source, base=base, **options[source.name]))
     task = "query" if family == "mote-query" else None
-    if family == "comoe-merged":
+    if family == "comoe-merged" and not out.exists():
         source = merge(MergeOptions(source, work / family, calibration=CALIBRATION_TEXTS))
-    export_onnx(ExportOptions(model_dir=source, output=out, quantize="int8", task=task))
+    elif family == "comoe-merged":
+        source = work / family
+    if not out.exists():
+        export_onnx(ExportOptions(model_dir=source, output=out, quantize="int8", task=task))
     st = SentenceTransformer(str(source), trust_remote_code=True, device="cpu")
     return out, build_graph(source, st, task)
 
@@ -139,8 +145,9 @@ def fresh_rates(built: dict, shapes: list, args, threads: int, work: Path) -> di
     return rates
 
 
-def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
-    """Backend name -> callable(**feed)."""
+def runners(folder: Path, graph, backends: list[str], threads: int, ov_int8_precision: str | None = None) -> dict:
+    """Backend name -> callable(**feed); OpenVINO's int8 model runs at `ov_int8_precision` where given (what is not
+    int8), else at the CPU's default."""
     runs = {}
     if "torch" in backends:
 
@@ -159,7 +166,7 @@ def runners(folder: Path, graph, backends: list[str], threads: int) -> dict:
             runs[name] = lambda session=session, inputs=inputs, **feed: session.run(
                 ["sentence_embedding"], {k: v for k, v in feed.items() if k in inputs}
             )
-    for name, file, precision in (("ov", GRAPH_FILE, "f32"), ("ov-int8", OPENVINO_INT8_FILE, None)):
+    for name, file, precision in (("ov", GRAPH_FILE, "f32"), ("ov-int8", OPENVINO_INT8_FILE, ov_int8_precision)):
         if name in backends:
             from moe_embed.convert.openvino_int8 import OpenVinoSession
 
@@ -225,6 +232,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--fresh-batch-sizes", default="32", help="comma-separated batch sizes of that table")
     parser.add_argument(
+        "--work-dir",
+        default=None,
+        help="keep the exported folders here, and time those already here as they are (default: a temporary folder)",
+    )
+    parser.add_argument(
+        "--ov-int8-precision",
+        default=None,
+        help="OpenVINO's precision hint for what its int8 model does not run in int8 (default: the CPU's; f32 under "
+        "ONEDNN_MAX_CPU_ISA=AVX2, whose capped kernels have no bf16)",
+    )
+    parser.add_argument(
         "--dense-reference",
         default=None,
         help="comma-separated backends whose dense session is timed in every family's rounds "
@@ -252,15 +270,16 @@ def main(argv: list[str] | None = None) -> None:
     shapes = prepare(args)
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as tmp:
+        work = Path(args.work_dir or tmp)
         built = {}
         for family in tqdm(families, desc="export", unit="family"):  # mote-one-task: mote's graph, other rows
             reuse = family == "mote-one-task" and "mote" in built
-            built[family] = built["mote"] if reuse else build(family, Path(tmp), dense_base(args))
+            built[family] = built["mote"] if reuse else build(family, work, dense_base(args))
         rates = {}
         for family, (folder, graph) in tqdm(built.items(), desc="timing", unit="family"):
             # One family's sessions at a time (and the dense reference's): every onnxruntime and OpenVINO session
             # keeps the memory of its largest batch, and twenty of them at 128 x 128 exceed 24 GiB.
-            sessions = runners(folder, graph, backends, threads)
+            sessions = runners(folder, graph, backends, threads, args.ov_int8_precision)
             if family != "dense" and "dense" in built:
                 reference = runners(*built["dense"], references, threads)
                 sessions.update({f"{REFERENCE}{name}": run for name, run in reference.items()})

@@ -47,23 +47,23 @@ FAMILIES = (
         ("avx512_vnni", "amx_int8"),
         "avx512_vnni",
         True,
-        "measured: onnxruntime int8 2.1-3.8x PyTorch and above the fp32 graph, OpenVINO int8 above its fp32",
+        "measured: onnxruntime int8 2.5-3.3x PyTorch and 2.3-2.5x its fp32 graph, OpenVINO int8 2.6-3.0x its fp32",
     ),
     CpuFamily(
         "avx512",
         ("avx512bw",),
         None,
         True,
-        "onnxruntime's int8 not measured on such a CPU (no ISA cap in onnxruntime): fp32; OpenVINO int8 1.6-1.8x "
-        "its fp32 with oneDNN capped at AVX-512 without VNNI",
+        "onnxruntime's int8 is not measured without VNNI (it has no ISA cap): fp32; OpenVINO int8 1.6-1.8x its "
+        "fp32 with oneDNN capped at AVX-512 without VNNI",
     ),
     CpuFamily(
         "avx2",
         ("avx2",),
         None,
         False,
-        "onnxruntime int8 measured at 1.1-1.2x PyTorch (below what its fp32 graph gives on other CPUs): fp32; "
-        "OpenVINO int8 0.5x PyTorch, 0.8x its fp32 with oneDNN capped at AVX2 (its generic int8 gemm)",
+        "onnxruntime int8 at 1.1-1.2x PyTorch on an AVX2 CPU, not shown to beat its fp32 graph: fp32; OpenVINO "
+        "int8 0.73-0.77x its fp32 with oneDNN capped at AVX2",
     ),
     CpuFamily(
         "arm64",

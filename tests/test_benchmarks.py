@@ -78,13 +78,14 @@ def test_serving_benchmark_runs(dense_path, capsys):
         assert min(rates) > 0 and alone[0][of_dense] == ""
         for row, value in zip(alone[1:], rates[1:], strict=True):
             assert abs(float(row[of_dense]) - value / rates[0]) < 0.006
-    assert all(len(row) == 9 and float(row[-1].rstrip(" |")) > 0 for row in rows[:3])
+    assert all(len(row) == 10 and float(row[-1].rstrip(" |")) > 0 for row in rows[:3])
     assert "of dense" in timing[1][4] and "of dense" not in timing[0][4]
     # onnxruntime int8's "of dense" is to the dense session of the same rounds (the reference row), not dense's row
-    mote_int8, of_dense = (
-        float(v) for v in re.fullmatch(r"([\d.]+) \([\d.]+x, ([\d.]+) of dense\)", timing[1][5]).groups()
-    )
+    cell = r"([\d.]+) \([\d.]+x, ([\d.]+)x fp32 graph, ([\d.]+) of dense\)"
+    mote_int8, of_fp32, of_dense = (float(v) for v in re.fullmatch(cell, timing[1][5]).groups())
     assert abs(mote_int8 / float(reference[3].rstrip(" |")) - of_dense) < 0.006
+    # and against onnxruntime's fp32 graph of the same family, same rounds
+    assert abs(mote_int8 / float(timing[1][4].split()[0]) - of_fp32) < 0.006
     for row in accuracy:  # fp32, onnxruntime int8, its difference, OpenVINO int8, its difference; STS-B, SciFact
         values = [float(v.rstrip(" |")) for v in row[1:]]
         for fp32, int8, delta, ov, ov_delta in (values[:5], values[5:10]):
