@@ -408,6 +408,8 @@ class ExportOptions(FolderOptions):
                 f"{', '.join(INT8_VARIANTS)}"
             )
         self.int8_variants = list(dict.fromkeys(self.int8_variants))
+        if not self.quantize and self.int8_variants != list(INT8_VARIANTS):
+            raise UsageError("--int8-variants applies with --quantize int8 (the int8 graphs it names)")
 
 
 DEFAULT_ALPHAS = [float(alpha) for alpha in range(11)]

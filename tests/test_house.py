@@ -140,6 +140,7 @@ def test_every_subcommand_answers_help_without_importing_torch():
         (["merge", "m", "--output", "o", "--task", "query", "--experts", "query"], "pass --task or --experts"),
         (["export", "m", "--output", "o", "--opset", "9"], "--opset must lie in 18..23"),
         (["export", "m", "--output", "o", "--int8-variants", "avx3"], "unknown avx3; expected names among avx512_vnni"),
+        (["export", "m", "--output", "o", "--int8-variants", "avx2"], "--int8-variants applies with --quantize int8"),
         (["calibrate-aea", "m", "--output", "o", "--prompt", "no text slot"], "--prompt must contain [TEXT]"),
         (["no-such-command"], "unknown subcommand 'no-such-command'"),
     ],
