@@ -10,7 +10,7 @@ import os
 import sys
 
 # the loggers of this package's tools: informational by default, the libraries' only with --verbose
-OWN_LOGGERS = ("moe_embed", "experiments", "benchmarks")
+OWN_LOGGERS = ("moe_embed", "experiments", "benchmarks", "scripts")
 # warnings the libraries give on every run, whatever the input, shown only with --verbose: sentence-transformers
 # announces the default prompt of a folder that has one (a one-task export) each time it is loaded, and
 # onnxruntime's quantiser advises pre-processing on every call
