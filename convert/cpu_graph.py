@@ -109,23 +109,30 @@ def describe(family: CpuFamily | None, flags: frozenset[str]) -> str:
 def family_file(folder: str | Path, runtime: str, family: CpuFamily | None) -> tuple[str, str]:
     """The graph of the exported `folder` that `runtime` (`onnxruntime` or `openvino`) serves on a CPU of `family`
     (None: a CPU no family describes), as a path relative to the folder, and why: the family's int8 graph where it
-    is measured faster and the folder has it, else the fp32 graph."""
-    from moe_embed.convert.onnx_int8 import INT8_VARIANTS
-
+    is measured faster and the folder has it (or a variant of the same setting, the same graph under another
+    family's name: sentence-transformers' names say the setting), else the fp32 graph."""
     if runtime not in ("onnxruntime", "openvino"):
         raise ValueError(f"runtime must be 'onnxruntime' or 'openvino', got {runtime!r}")
     if runtime == "openvino":
-        wanted = OPENVINO_INT8_FILE if family and family.openvino_int8 else None
+        candidates = [OPENVINO_INT8_FILE] if family and family.openvino_int8 else []
     else:
-        wanted = f"onnx/{INT8_VARIANTS[family.onnxruntime].file_name}" if family and family.onnxruntime else None
-    if wanted is None:
-        return (
-            GRAPH_FILE,
-            f"the fp32 graph {GRAPH_FILE} ({family.evidence if family else 'no int8 graph known faster'})",
-        )
-    if not (Path(folder) / wanted).is_file():
-        return GRAPH_FILE, f"the fp32 graph {GRAPH_FILE}, as the folder has no {wanted} (--quantize int8)"
-    return wanted, f"the int8 graph {wanted} ({family.evidence})"
+        candidates = same_setting_files(family.onnxruntime) if family and family.onnxruntime else []
+    if not candidates:
+        why = family.evidence if family else "no int8 graph known faster"
+        return GRAPH_FILE, f"the fp32 graph {GRAPH_FILE} ({why})"
+    found = next((file for file in candidates if (Path(folder) / file).is_file()), None)
+    if found is None:
+        return GRAPH_FILE, f"the fp32 graph {GRAPH_FILE}, as the folder has no {candidates[0]} (--quantize int8)"
+    return found, f"the int8 graph {found} ({family.evidence})"
+
+
+def same_setting_files(variant: str) -> list[str]:
+    """The files of `variant` and of every variant quantised with its setting, its own first."""
+    from moe_embed.convert.onnx_int8 import INT8_VARIANTS
+
+    setting = INT8_VARIANTS[variant].setting
+    names = [variant] + [name for name, v in INT8_VARIANTS.items() if name != variant and v.setting == setting]
+    return [f"onnx/{INT8_VARIANTS[name].file_name}" for name in names]
 
 
 def serving_file(folder: str | Path, runtime: str = "onnxruntime") -> tuple[str, str]:

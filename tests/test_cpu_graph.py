@@ -89,6 +89,14 @@ def test_each_family_serves_int8_only_where_measured_faster(mote_onnx, tmp_path)
     (plain / "onnx").mkdir(parents=True)
     file, why = family_file(plain, "onnxruntime", FAMILY["avx512_vnni"])
     assert file == "onnx/model.onnx" and "has no onnx/model_qint8_avx512_vnni.onnx" in why
+    # a folder written with --int8-variants avx512: the same graph as the VNNI one, served on a VNNI CPU
+    only = tmp_path / "only-avx512"
+    (only / "onnx").mkdir(parents=True)
+    (only / "onnx" / "model_qint8_avx512.onnx").write_bytes(b"")
+    assert family_file(only, "onnxruntime", FAMILY["avx512_vnni"])[0] == "onnx/model_qint8_avx512.onnx"
+    (only / "onnx" / "model_qint8_avx512.onnx").unlink()
+    (only / "onnx" / "model_quint8_avx2.onnx").write_bytes(b"")  # another setting: not a stand-in
+    assert family_file(only, "onnxruntime", FAMILY["avx512_vnni"])[0] == "onnx/model.onnx"
     with pytest.raises(ValueError, match="runtime must be"):
         family_file(mote_onnx, "tensorrt", FAMILY["avx2"])
 
