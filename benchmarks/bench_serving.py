@@ -49,7 +49,7 @@ import torch
 from tqdm.auto import tqdm
 
 from benchmarks.common import batch_of, cpu_description, dense_base, median_rates, prepare, timing_parser
-from moe_embed.convert.onnx_graph import GRAPH_FILE
+from moe_embed.convert.cpu_graph import GRAPH_FILE
 from moe_embed.convert.onnx_int8 import INT8_FILE, INT8_VARIANTS
 from moe_embed.convert.openvino_int8 import CALIBRATION_TEXTS, OPENVINO_INT8_FILE
 from moe_embed.convert.options import DEFAULT_MIN_COSINE
@@ -96,10 +96,9 @@ def build(family: str, work: Path, base: str) -> tuple[Path, torch.nn.Module]:
     if not source.exists():
         upcycle(upcycle_options(output=source, base=base, **options[source.name]))
     task = "query" if family == "mote-query" else None
-    if family == "comoe-merged" and not out.exists():
-        source = merge(MergeOptions(source, work / family, calibration=CALIBRATION_TEXTS))
-    elif family == "comoe-merged":
-        source = work / family
+    if family == "comoe-merged":
+        merged = work / family
+        source = merged if merged.exists() else merge(MergeOptions(source, merged, calibration=CALIBRATION_TEXTS))
     if not out.exists():
         export_onnx(ExportOptions(model_dir=source, output=out, quantize="int8", task=task))
     st = SentenceTransformer(str(source), trust_remote_code=True, device="cpu")

@@ -115,13 +115,10 @@ def cpu_description() -> str:
     serving choice uses), and oneDNN's ISA cap where one is set (OpenVINO's kernels then run as on such a CPU)."""
     import os
     import platform
-    from pathlib import Path
 
-    from moe_embed.convert.cpu_graph import cpu_family, cpu_flags, describe
+    from moe_embed.convert.cpu_graph import cpu_family, cpu_flags, cpuinfo_field, describe
 
-    info = Path("/proc/cpuinfo")
-    text = info.read_text() if info.is_file() else ""
-    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    model = cpuinfo_field("model name")
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
     capped = f"; OpenVINO's oneDNN capped at {cap} (ONEDNN_MAX_CPU_ISA)" if cap else ""
     return f"CPU {model or platform.processor() or platform.machine()}, {describe(cpu_family(), cpu_flags())}{capped}"

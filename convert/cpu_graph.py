@@ -19,6 +19,7 @@ import platform
 from dataclasses import dataclass
 from pathlib import Path
 
+from moe_embed.convert.onnx_int8 import INT8_VARIANTS
 from moe_embed.convert.openvino_int8 import OPENVINO_INT8_FILE
 
 GRAPH_FILE = "onnx/model.onnx"  # an exported folder's fp32 graph (`moe-embed export`)
@@ -75,16 +76,25 @@ FAMILIES = (
 )
 
 
+def cpuinfo_field(key: str) -> str | None:
+    """The first value of `key` in Linux's `/proc/cpuinfo` (`model name`, `flags`, ...); None where there is none."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == key:
+            return value.strip()
+    return None
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU's flags in the Linux kernel's names (`avx2`, `avx512_vnni`, `asimddp`, ...)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("flags", "Features"):  # x86; ARM
-                return frozenset(value.split())
-    except OSError:
-        pass
+    flags = cpuinfo_field("flags") or cpuinfo_field("Features")  # x86; ARM
+    if flags is not None:
+        return frozenset(flags.split())
     try:
         from numpy._core._multiarray_umath import __cpu_features__ as features
     except ImportError:  # numpy < 2
@@ -128,8 +138,6 @@ def family_file(folder: str | Path, runtime: str, family: CpuFamily | None) -> t
 
 def same_setting_files(variant: str) -> list[str]:
     """The files of `variant` and of every variant quantised with its setting, its own first."""
-    from moe_embed.convert.onnx_int8 import INT8_VARIANTS
-
     setting = INT8_VARIANTS[variant].setting
     names = [variant] + [name for name, v in INT8_VARIANTS.items() if name != variant and v.setting == setting]
     return [f"onnx/{INT8_VARIANTS[name].file_name}" for name in names]
@@ -144,4 +152,4 @@ def serving_file(folder: str | Path, runtime: str = "onnxruntime") -> tuple[str,
     return file, f"{describe(family, flags)}: {why}"
 
 
-__all__ = ["FAMILIES", "CpuFamily", "cpu_flags", "cpu_family", "family_file", "serving_file"]
+__all__ = ["FAMILIES", "CpuFamily", "cpuinfo_field", "cpu_flags", "cpu_family", "family_file", "serving_file"]

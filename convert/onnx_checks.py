@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from moe_embed.convert.onnx_graph import GRAPH_FILE, SentenceEmbeddingGraph, embed, graph_inputs, run_graph, session
+from moe_embed.convert.cpu_graph import GRAPH_FILE
+from moe_embed.convert.onnx_graph import SentenceEmbeddingGraph, embed, graph_inputs, run_graph, session
 from moe_embed.errors import UsageError
 
 logger = logging.getLogger(__name__)

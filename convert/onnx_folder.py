@@ -21,14 +21,14 @@ import json
 import logging
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
 
+from moe_embed.convert.cpu_graph import GRAPH_FILE
 from moe_embed.convert.folder_writer import write_model_folder
 from moe_embed.convert.onnx_checks import check_export, quantize_checked
-from moe_embed.convert.onnx_graph import GRAPH_FILE, build_graph, export_graph, graph_inputs, output_names, session
+from moe_embed.convert.onnx_graph import build_graph, export_graph, graph_inputs, output_names, session
 from moe_embed.files import atomic_output_dir, read_json, write_json
 from moe_embed.modeling.st_folder import MODULE_CONFIG_FILE
 
@@ -150,12 +150,8 @@ def usage_card(folder: Path, name: str, info: dict) -> None:
     from moe_embed.convert.cpu_graph import FAMILIES, family_file
 
     prompts = info["prompts"]
-    families = [  # each family's files in this folder, as `moe_embed.convert.cpu_graph` picks them on such a CPU
-        SimpleNamespace(
-            **vars(family),
-            onnxruntime_file=family_file(folder, "onnxruntime", family)[0],
-            openvino_file=family_file(folder, "openvino", family)[0],
-        )
+    families = [  # each family with the files of this folder that `cpu_graph` serves on such a CPU, per runtime
+        (family, family_file(folder, "onnxruntime", family)[0], family_file(folder, "openvino", family)[0])
         for family in FAMILIES
     ]
     example_prompt = prompts.get("query") or next(iter(prompts.values()), "")

@@ -14,7 +14,6 @@ import onnx
 import torch
 from torch import nn
 
-from moe_embed.convert.cpu_graph import GRAPH_FILE as GRAPH_FILE  # the folder contract's file name, here too
 from moe_embed.convert.onnx_layout import eager_attention, fastest_layout
 from moe_embed.errors import UsageError
 from moe_embed.files import read_json

@@ -145,7 +145,7 @@ def test_onnx_encoder_is_scored_by_mteb_as_its_sentence_transformer(trained_mote
     from sentence_transformers import SentenceTransformer
 
     from benchmarks.onnx_encoder import OnnxEncoder
-    from moe_embed.convert.onnx_graph import GRAPH_FILE
+    from moe_embed.convert.cpu_graph import GRAPH_FILE
     from moe_embed.evaluation.run import load_tasks
     from moe_embed.evaluation.tasks import score
 

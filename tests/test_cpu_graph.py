@@ -84,6 +84,10 @@ def test_each_family_serves_int8_only_where_measured_faster(mote_onnx, tmp_path)
     if (mote_onnx / openvino).is_file():  # the openvino extra
         assert {f.name: family_file(mote_onnx, "openvino", f)[0] for f in FAMILIES} == expected
     assert family_file(mote_onnx, "onnxruntime", None)[0] == "onnx/model.onnx"
+    # the folder's card gives each family the same files
+    card = (mote_onnx / "README.md").read_text()
+    assert "| avx512_vnni (avx512_vnni, amx_int8) | `onnx/model_qint8_avx512_vnni.onnx` |" in card
+    assert "| avx2 (avx2) | `onnx/model.onnx` | `onnx/model.onnx` |" in card
     # a folder exported without --quantize: fp32, saying why
     plain = tmp_path / "plain"
     (plain / "onnx").mkdir(parents=True)

@@ -426,7 +426,7 @@ def prepare_output(output: Path, job: dict, overwrite: bool) -> None:
     """Create `output` with the job's description, keep it to resume the same job, refuse another job's."""
     path = output / JOB_FILE
     if output.exists() and any(output.iterdir()):
-        previous = json.loads(path.read_text()) if path.is_file() else None
+        previous = read_job(output)
         if previous != job:
             if not overwrite:
                 what = "another job's shards" if previous else "files that are not an embed job's"
@@ -443,10 +443,15 @@ def job_graph(model: str, onnx_file: str | None, output: Path) -> str | None:
     on other kinds of CPU, or a run resumed on another machine, must not embed one corpus with two graphs."""
     from moe_embed.training.embedders import graph_file
 
-    path = output / JOB_FILE
-    previous = json.loads(path.read_text()) if path.is_file() else {}
+    previous = read_job(output) or {}
     started = previous.get("onnx_file") if previous.get("model") == model else None
     return graph_file(model, onnx_file or started)
+
+
+def read_job(output: Path) -> dict | None:
+    """The description of the job whose shards `output` holds (None: no job there)."""
+    path = output / JOB_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def is_done(output: Path, shard: Shard) -> bool:

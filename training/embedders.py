@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_embed.convert.cpu_graph import GRAPH_FILE as GRAPH
+from moe_embed.convert.cpu_graph import GRAPH_FILE
 from moe_embed.errors import UsageError
 from moe_embed.modeling.defaults import prompt_key
 
@@ -46,8 +46,8 @@ def check_model(model: str, task: str | None, onnx_file: str | None, trust_remot
         folder = open_model_folder(model, trust_remote_code=trust_remote_code).path
     if onnx_file and not onnx:
         raise UsageError(f"--onnx-file applies to exported ONNX folders; {model} has no onnx_config.json")
-    if onnx and not (folder / (onnx_file or GRAPH)).is_file():
-        raise UsageError(f"{model} has no {onnx_file or GRAPH} (--onnx-file)")
+    if onnx and not (folder / (onnx_file or GRAPH_FILE)).is_file():
+        raise UsageError(f"{model} has no {onnx_file or GRAPH_FILE} (--onnx-file)")
     task_prompt_name(model, task, folder_prompts(folder))
     return str(folder)
 
