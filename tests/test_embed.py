@@ -153,7 +153,9 @@ def test_ray_job_embeds_as_encode(family, task, request, tmp_path):
         graph = json.loads((tmp_path / "out" / JOB_FILE).read_text())["onnx_file"]
         assert graph == serving_file(model)[0]
         variants = json.loads((model / "onnx_config.json").read_text())["int8"]["variants"]
-        bound = {v["file"]: v["min_cosine"] - 1e-3 for v in variants.values()}.get(graph)
+        # int8 quantises each batch's activations with one scale: the job's batches are not the export's, so the
+        # recorded agreement is a guide, with room for batching, not a bound to the last digit
+        bound = {v["file"]: v["min_cosine"] - 0.01 for v in variants.values()}.get(graph)
         cosines = (vectors * expected).sum(1) / np.linalg.norm(vectors, axis=1) / np.linalg.norm(expected, axis=1)
         assert np.abs(vectors - expected).max() <= 1e-4 if bound is None else cosines.min() >= bound
     else:
