@@ -15,7 +15,7 @@ import torch
 
 from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_card, source_license
 from moe_embed.convert.checkpoint import (
-    encoder_config_kwargs,
+    DenseCheckpoint,
     load_tokenizer,
     map_state_dict,
     parse_dtype,
@@ -82,7 +82,7 @@ def make_config(config_cls, **kwargs):
         raise UsageError(str(error)) from None
 
 
-def build_mote(options: MoteOptions, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
+def build_mote(options: MoteOptions, dense: DenseCheckpoint, tokenizer) -> Upcycled:
     """MoTE: one expert per task in `expert_layers`, routed per sequence by the task."""
     tasks = options.tasks
     prefix_ids = {name: prefix_token_ids(tokenizer, prefix) for name, prefix in tasks.items()}
@@ -96,7 +96,7 @@ def build_mote(options: MoteOptions, dense_config: dict, dense_state: dict, toke
         logger.warning("no default task: inputs without a task or prefix will be an error (see --default-task)")
     config = make_config(
         MoteBertConfig,
-        **encoder_config_kwargs(dense_config, dense_state),
+        **dense.fields,
         tasks=list(tasks),
         task_prefixes=tasks,
         task_prefix_ids=prefix_ids,
@@ -105,16 +105,16 @@ def build_mote(options: MoteOptions, dense_config: dict, dense_state: dict, toke
         default_task=default_task,
         expert_layers=options.expert_layers,
     )
-    model = fill_model(MoteBertModel, config, dense_state, mote_rename(set(config.expert_layers), config.num_tasks))
+    model = fill_model(MoteBertModel, config, dense.state, mote_rename(set(config.expert_layers), config.num_tasks))
     return Upcycled(model=model, prompts=sentence_transformers_prompts(tasks))
 
 
-def routed_config(config_cls, options: MoeOptions | CoMoeOptions, dense_config: dict, dense_state: dict, **fields):
+def routed_config(config_cls, options: MoeOptions | CoMoeOptions, dense: DenseCheckpoint, **fields):
     """The config of a top-k routed model (token MoE, CoMoE): the dense encoder's fields, the options both
     architectures have (experts, top-k, load-balancing weight; each with its own default), and `fields`."""
     return make_config(
         config_cls,
-        **encoder_config_kwargs(dense_config, dense_state),
+        **dense.fields,
         num_local_experts=options.num_local_experts,
         num_experts_per_tok=options.num_experts_per_tok,
         router_aux_loss_coef=options.router_aux_loss_coef,
@@ -122,13 +122,12 @@ def routed_config(config_cls, options: MoeOptions | CoMoeOptions, dense_config: 
     )
 
 
-def build_moe(options: MoeOptions, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
+def build_moe(options: MoeOptions, dense: DenseCheckpoint, tokenizer) -> Upcycled:
     """Token-routed sparse MoE (Nomic Embed v2): every MoE layer's FFN copied into each expert."""
     config = routed_config(
         MoeBertConfig,
         options,
-        dense_config,
-        dense_state,
+        dense,
         moe_layers=options.moe_layers,
         norm_topk_prob=options.norm_topk_prob,
         router_z_loss_coef=options.router_z_loss_coef,
@@ -139,8 +138,10 @@ def build_moe(options: MoeOptions, dense_config: dict, dense_state: dict, tokeni
     routers = initial_tensors(MoeBertModel, config, keys, options.seed)
     if options.router_init == "zeros":
         routers = {key: torch.zeros_like(tensor) for key, tensor in routers.items()}
-    rename = moe_rename(set(config.moe_layers), config.num_local_experts, options.expert_noise, generator)
-    model = fill_model(MoeBertModel, config, dense_state, rename, new_tensors=routers)
+    rename = moe_rename(
+        set(config.moe_layers), config.num_local_experts, options.expert_noise, generator, gated=config.gated_mlp
+    )
+    model = fill_model(MoeBertModel, config, dense.state, rename, new_tensors=routers)
     return Upcycled(
         model=model,
         prompts=sentence_transformers_prompts(options.tasks),
@@ -148,13 +149,12 @@ def build_moe(options: MoeOptions, dense_config: dict, dense_state: dict, tokeni
     )
 
 
-def build_comoe(options: CoMoeOptions, dense_config: dict, dense_state: dict, tokenizer) -> Upcycled:
+def build_comoe(options: CoMoeOptions, dense: DenseCheckpoint, tokenizer) -> Upcycled:
     """CoMoE-PEFT: the dense weights unchanged (frozen), LoRA experts with B = 0 and routers added."""
     config = routed_config(
         CoMoeBertConfig,
         options,
-        dense_config,
-        dense_state,
+        dense,
         lora_rank=options.lora_rank,
         lora_alpha=options.lora_alpha,
         lora_dropout=options.lora_dropout,
@@ -164,12 +164,12 @@ def build_comoe(options: CoMoeOptions, dense_config: dict, dense_state: dict, to
         contrastive_tau=options.contrastive_tau,
         base_model_name_or_path=base_name(options),
     )
-    missing = [name for name in config.adapted_linears() if f"{name}.weight" not in dense_state]
+    missing = [name for name in config.adapted_linears() if f"{name}.weight" not in dense.state]
     if missing:
         raise UsageError(f"the dense checkpoint has no {missing[0]}.weight to put LoRA experts on")
     keys = [key for name in config.adapted_linears() for key in comoe_adapter_keys(name).values()]
     adapters = initial_tensors(CoMoeBertModel, config, keys, options.seed)  # B = 0: the model starts as the base
-    model = fill_model(CoMoeBertModel, config, dense_state, lambda key, tensor: [(key, tensor)], adapters)
+    model = fill_model(CoMoeBertModel, config, dense.state, lambda key, tensor: [(key, tensor)], adapters)
     return Upcycled(model=model, prompts=sentence_transformers_prompts(options.tasks))
 
 
@@ -184,18 +184,17 @@ def base_name(options: UpcycleOptions) -> str:
     return str(Path(options.base).resolve()) if Path(options.base).is_dir() else options.base
 
 
-def verify_against_dense(model, tokenizer, source: Path, dense_state: dict, prompts: dict[str, str]) -> float:
-    """Largest |difference| between the upcycled and the dense model's hidden states, over all prompts.
+def verify_against_dense(model, tokenizer, source: Path, prompts: dict[str, str]) -> float:
+    """Largest |difference| between the upcycled and the dense model's hidden states, over all prompts; the dense
+    model is the checkpoint loaded by transformers into the base's own class, independent of this package's mapping.
 
     A MoTE model routes each batch by the prefix it starts with; one whose prefixes only route
     (`prefix_routes_only`) is compared, mean-pooled over the prompted text's mask, with the dense model on the
-    text alone.
+    text as it reads it: the row's ids without the prefix's (`without_prefix`).
     """
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
-    dense_config = AutoConfig.from_pretrained(str(source))
-    dense = AutoModel.from_config(dense_config, add_pooling_layer=model.pooler is not None).eval()
-    dense.load_state_dict(dense_state, strict=False)
+    dense = AutoModel.from_pretrained(str(source), dtype=torch.float32).eval()
     texts = ["Isaac Newton formulated the laws of motion.", "a short text"]
     worst = 0.0
     with torch.no_grad():
@@ -203,7 +202,7 @@ def verify_against_dense(model, tokenizer, source: Path, dense_state: dict, prom
             batch = tokenizer([prefix + t for t in texts], padding=True, return_tensors="pt")
             mask = batch["attention_mask"].bool()
             if getattr(model.config, "prefix_routes_only", False):
-                plain = tokenizer(texts, padding=True, return_tensors="pt")
+                plain = without_prefix(model, tokenizer, batch)
                 diff = mean_pooled(dense(**plain).last_hidden_state, plain) - mean_pooled(
                     model(**batch).last_hidden_state, batch
                 )
@@ -211,6 +210,21 @@ def verify_against_dense(model, tokenizer, source: Path, dense_state: dict, prom
                 diff = (dense(**batch).last_hidden_state - model(**batch).last_hidden_state)[mask]
             worst = max(worst, diff.abs().max().item())
     return worst
+
+
+def without_prefix(model, tokenizer, batch) -> dict:
+    """`batch` with each row's task prefix tokens taken out (the leading special tokens kept): what a
+    prefix-routed MoTE reads. With a WordPiece tokenizer this is the text alone; a byte-level BPE one (RoBERTa,
+    ModernBERT) keeps the space after the prefix on the text's first word."""
+    _, lengths = model.router.match(batch["input_ids"])
+    start = model.config.task_prefix_start
+    rows = []
+    for ids, mask, length in zip(
+        batch["input_ids"].tolist(), batch["attention_mask"].tolist(), lengths.tolist(), strict=True
+    ):
+        real = ids[: sum(mask)]
+        rows.append(real[:start] + real[length:] if length else real)
+    return tokenizer.pad({"input_ids": rows}, return_tensors="pt")
 
 
 def mean_pooled(states: torch.Tensor, batch) -> torch.Tensor:
@@ -221,9 +235,9 @@ def mean_pooled(states: torch.Tensor, batch) -> torch.Tensor:
 def write_upcycled(options: UpcycleOptions, source: Path, output: Path) -> Path:
     """Build the upcycled model of the dense checkpoint in `source`, check it and write it to `output`."""
     logger.info("reading dense checkpoint %s", source)
-    dense_config, dense_state = read_dense_checkpoint(source)
+    dense = read_dense_checkpoint(source)
     tokenizer = load_tokenizer(source)
-    upcycled = BUILDERS[options.arch](options, dense_config, dense_state, tokenizer)
+    upcycled = BUILDERS[options.arch](options, dense, tokenizer)
     if not options.verify:
         logger.info("not checking against the dense model (--no-verify)")
     elif not upcycled.exact:
@@ -232,7 +246,7 @@ def write_upcycled(options: UpcycleOptions, source: Path, output: Path) -> Path:
             "the upcycled model is not meant to reproduce it"
         )
     else:
-        worst = verify_against_dense(upcycled.model, tokenizer, source, dense_state, upcycled.prompts)
+        worst = verify_against_dense(upcycled.model, tokenizer, source, upcycled.prompts)
         logger.info("max |upcycled - dense| over all prompts: %.2e", worst)
         if worst > DENSE_TOLERANCE:
             raise UsageError(f"upcycled model differs from the dense model by {worst:.2e} (> {DENSE_TOLERANCE:g})")

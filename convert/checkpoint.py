@@ -7,37 +7,20 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from moe_embed.convert.layout import DENSE_ARCHITECTURES, position_offset
+from moe_embed.convert.bases import base_of, encoder_fields
 from moe_embed.errors import UsageError
 from moe_embed.files import read_json
 from moe_embed.folders import check_config_shape
 from moe_embed.modeling.manifest import TOKENIZER_FILES
 
 logger = logging.getLogger(__name__)
-
-SUPPORTED_SOURCE_TYPES = tuple(DENSE_ARCHITECTURES)
-# BERT fields copied from a dense config into an EncoderConfig.
-ENCODER_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "hidden_act",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "initializer_range",
-    "layer_norm_eps",
-    "pad_token_id",
-)
 
 
 def load_tokenizer(folder: Path, trust_remote_code: bool = False):
@@ -87,53 +70,38 @@ def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def read_dense_checkpoint(folder: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """Config dict and encoder state dict (BertModel names, heads dropped) of a dense checkpoint."""
-    config = check_config_shape(read_json(Path(folder) / "config.json"), Path(folder) / "config.json")
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_SOURCE_TYPES:
-        raise UsageError(
-            f"unsupported architecture model_type={model_type!r} in {folder}/config.json; "
-            f"expected one of {', '.join(SUPPORTED_SOURCE_TYPES)}"
-        )
-    if config.get("position_embedding_type", "absolute") != "absolute":
-        raise UsageError(
-            f"position_embedding_type={config['position_embedding_type']!r} is not supported; expected 'absolute'"
-        )
-    state = read_state_dict(folder)
-    encoder_state, dropped = {}, []
-    for key, tensor in state.items():
-        bare = key
-        for prefix in ("bert.", "roberta.", "model."):
-            if bare.startswith(prefix):
-                bare = bare[len(prefix) :]
-                break
-        if bare.endswith(("position_ids", "token_type_ids")):
-            continue  # buffers some old checkpoints saved
-        if bare.startswith(("embeddings.", "encoder.", "pooler.")):
-            encoder_state[bare] = tensor
-        else:
-            dropped.append(key)
-    if dropped:
-        logger.info("dropping %d tensors that are not part of the encoder (heads): %s", len(dropped), dropped[:5])
-    if not any(k.startswith("encoder.layer.") for k in encoder_state):
-        raise UsageError(f"{folder} holds no encoder.layer.* weights; is it a BERT-style encoder?")
-    return config, encoder_state
+@dataclass
+class DenseCheckpoint:
+    """A dense checkpoint as upcycling reads it: its transformers config (the base's own config class, which also
+    reads the older forms of its fields), the encoder fields it gives, and its weights under the shared encoder's
+    names (`convert/bases.py`)."""
+
+    config: object
+    fields: dict
+    state: dict[str, torch.Tensor]
 
 
-def encoder_config_kwargs(dense_config: dict, state: dict[str, torch.Tensor]) -> dict:
-    """EncoderConfig fields taken from a dense `bert`/`roberta`/`xlm-roberta` config."""
-    missing = [f for f in ENCODER_FIELDS if f not in dense_config and f != "pad_token_id"]
-    if missing:
-        raise UsageError(f"config.json lacks required fields {missing}")
-    kwargs = {field: dense_config[field] for field in ENCODER_FIELDS if field in dense_config}
-    model_type = dense_config["model_type"]
-    pad = dense_config.get("pad_token_id", 0 if model_type == "bert" else 1)
-    kwargs["pad_token_id"] = pad
-    kwargs["position_offset"] = position_offset(model_type, pad)
-    kwargs["add_pooling_layer"] = "pooler.dense.weight" in state
-    kwargs["source_model_type"] = model_type
-    return kwargs
+def read_dense_checkpoint(folder: Path) -> DenseCheckpoint:
+    """The dense checkpoint in `folder`: config, encoder fields and encoder state dict (heads dropped).
+
+    Raises:
+        UsageError: for a model type this package does not upcycle (naming those it does), a config transformers
+            cannot read, weights that are not safetensors or hold no encoder layers.
+    """
+    from transformers import AutoConfig
+
+    where = Path(folder) / "config.json"
+    raw = check_config_shape(read_json(where), where)
+    base = base_of(raw.get("model_type"), str(where))
+    try:
+        config = AutoConfig.from_pretrained(str(folder))
+    except (ValueError, TypeError) as error:
+        raise UsageError(f"cannot read {where}: {str(error).splitlines()[0]}") from None
+    state = base.to_ours(read_state_dict(folder))
+    if not any(key.startswith("encoder.layer.") for key in state):
+        raise UsageError(f"{folder} holds no encoder layers; is it a {base.name} encoder?")
+    fields = {**encoder_fields(config), "add_pooling_layer": "pooler.dense.weight" in state}
+    return DenseCheckpoint(config, fields, state)
 
 
 def map_state_dict(

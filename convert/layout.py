@@ -1,15 +1,16 @@
 """The checkpoint key layout of every model type, in one place.
 
-Dense `bert` / `roberta` / `xlm-roberta` checkpoints and this package's models share every key
-except those of the feed-forward blocks a model type replaces. This file says, once, which dense
-keys become which expert keys and back, so that upcycling (`convert/builders.py`), merging
-(`convert/merge_experts.py`) and model cards (`convert/cards.py`) cannot disagree:
+A dense checkpoint, once its keys are the shared encoder's (every base is renamed into BERT's names by
+`convert/bases.py`), and this package's models share every key except those of the feed-forward blocks a model
+type replaces. This file says, once, which dense keys become which expert keys and back, so that upcycling
+(`convert/builders.py`), merging (`convert/merge_experts.py`) and model cards (`convert/cards.py`) cannot disagree:
 
     dense                                          MoTE (expert e of layer N)
-    encoder.layer.N.attention.output.LayerNorm.*   encoder.layer.N.experts.e.attention_LayerNorm.*
+    encoder.layer.N.attention.output.LayerNorm.*   encoder.layer.N.experts.e.attention_LayerNorm.*   (post-LN)
+    encoder.layer.N.feed_forward_norm.*            encoder.layer.N.experts.e.feed_forward_norm.*     (pre-norm)
     encoder.layer.N.intermediate.dense.*           encoder.layer.N.experts.e.intermediate.dense.*
     encoder.layer.N.output.dense.*                 encoder.layer.N.experts.e.output.dense.*
-    encoder.layer.N.output.LayerNorm.*             encoder.layer.N.experts.e.output.LayerNorm.*
+    encoder.layer.N.output.LayerNorm.*             encoder.layer.N.experts.e.output.LayerNorm.*      (post-LN)
 
     dense                                          token-routed MoE (stacked over experts, dim 0)
     encoder.layer.N.intermediate.dense.weight      encoder.layer.N.mlp.experts.up_proj
@@ -17,13 +18,11 @@ keys become which expert keys and back, so that upcycling (`convert/builders.py`
     encoder.layer.N.output.dense.weight            encoder.layer.N.mlp.experts.down_proj
     encoder.layer.N.output.dense.bias              encoder.layer.N.mlp.experts.down_proj_bias
     (new)                                          encoder.layer.N.mlp.router.weight
+    a gated block (no biases): intermediate.dense.weight (2I, H) -> mlp.experts.gate_up_proj (E, 2I, H)
 
     dense                                          CoMoE (linear L = encoder.layer.N.<target module>)
     L.weight, L.bias                               L.weight, L.bias (unchanged, frozen)
     (new)                                          L.lora_A (E, r, in), L.lora_B (E, out, r), L.router.weight (E, in)
-
-RoBERTa-family checkpoints number positions from `pad_token_id + 1`, BERT from 0
-(`position_offset`).
 """
 
 from __future__ import annotations
@@ -35,17 +34,17 @@ import torch
 from moe_embed.errors import UsageError
 from moe_embed.modeling.comoe_layer import is_adapter_key
 
-# model_type of a dense source -> the transformers class its exports are saved as
-DENSE_ARCHITECTURES = {"bert": "BertModel", "roberta": "RobertaModel", "xlm-roberta": "XLMRobertaModel"}
-
 # dense module of layer N -> its name inside a MoTE expert
 MOTE_EXPERT_PARTS = {
     "attention.output.LayerNorm": "attention_LayerNorm",
+    "feed_forward_norm": "feed_forward_norm",  # a pre-norm layer's (ModernBERT)
     "intermediate": "intermediate",
     "output": "output",
 }
 _MOTE_DENSE_PARTS = {inner: dense for dense, inner in MOTE_EXPERT_PARTS.items()}
-_DENSE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.(attention\.output\.LayerNorm|intermediate|output)\.(.+)$")
+_DENSE_EXPERT_KEY = re.compile(
+    r"^encoder\.layer\.(\d+)\.(attention\.output\.LayerNorm|feed_forward_norm|intermediate|output)\.(.+)$"
+)
 _MOTE_EXPERT_KEY = re.compile(r"^encoder\.layer\.(\d+)\.experts\.(\d+)\.([A-Za-z_]+)\.(.+)$")
 
 # dense tensor of layer N -> the stacked parameter of its token-routed MoE block
@@ -55,14 +54,11 @@ MOE_STACKED = {
     "output.dense.weight": "down_proj",
     "output.dense.bias": "down_proj_bias",
 }
-MOE_DENSE = {stacked: dense for dense, stacked in MOE_STACKED.items()}
+# a gated feed-forward block (ModernBERT's GLU, no biases): its doubled first projection is `gate_up_proj`
+MOE_GATED_STACKED = {"intermediate.dense.weight": "gate_up_proj", "output.dense.weight": "down_proj"}
+MOE_DENSE = {stacked: dense for table in (MOE_STACKED, MOE_GATED_STACKED) for dense, stacked in table.items()}
 _DENSE_FFN_KEY = re.compile(r"^encoder\.layer\.(\d+)\.((?:intermediate|output)\.dense\.(?:weight|bias))$")
 _MOE_KEY = re.compile(r"^encoder\.layer\.(\d+)\.mlp\.(?:experts\.(\w+)|(router)\.weight)$")
-
-
-def position_offset(model_type: str, pad_token_id: int | None) -> int:
-    """First position id of a `model_type` checkpoint: 0 for BERT, `pad_token_id + 1` for RoBERTa."""
-    return 0 if model_type == "bert" else (1 if pad_token_id is None else pad_token_id) + 1
 
 
 def mote_expert_key(dense_key: str) -> tuple[int, str] | None:
@@ -94,13 +90,15 @@ def parse_mote_key(key: str) -> tuple[int, int, str] | None:
     return int(layer), int(expert), f"encoder.layer.{layer}.{_MOTE_DENSE_PARTS[part]}.{rest}"
 
 
-def moe_stacked_key(dense_key: str) -> tuple[int, str] | None:
-    """`(layer, stacked key)` for a dense FFN projection that a token-routed MoE stacks, else `None`."""
+def moe_stacked_key(dense_key: str, gated: bool = False) -> tuple[int, str] | None:
+    """`(layer, stacked key)` for a dense FFN projection that a token-routed MoE stacks (of a gated block where
+    `gated`), else `None`."""
     match = _DENSE_FFN_KEY.match(dense_key)
     if match is None:
         return None
     layer = int(match.group(1))
-    return layer, f"encoder.layer.{layer}.mlp.experts.{MOE_STACKED[match.group(2)]}"
+    stacked = (MOE_GATED_STACKED if gated else MOE_STACKED)[match.group(2)]
+    return layer, f"encoder.layer.{layer}.mlp.experts.{stacked}"
 
 
 def moe_router_key(layer: int) -> str:
@@ -136,12 +134,14 @@ def mote_rename(expert_layers: set[int], num_tasks: int):
     return rename
 
 
-def moe_rename(moe_layers: set[int], num_experts: int, noise_std: float, generator: torch.Generator):
-    """Dense key -> token-routed MoE keys: FFN projections of MoE layers are stacked once per expert, with
-    Gaussian noise of std `noise_std` on the weights when it is positive."""
+def moe_rename(
+    moe_layers: set[int], num_experts: int, noise_std: float, generator: torch.Generator, gated: bool = False
+):
+    """Dense key -> token-routed MoE keys: FFN projections of MoE layers (of a gated block where `gated`) are
+    stacked once per expert, with Gaussian noise of std `noise_std` on the weights when it is positive."""
 
     def rename(key: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        stacked_key = moe_stacked_key(key)
+        stacked_key = moe_stacked_key(key, gated)
         if stacked_key is None or stacked_key[0] not in moe_layers:
             return [(key, tensor)]
         stacked = tensor.unsqueeze(0).repeat(num_experts, *([1] * tensor.dim()))
@@ -163,11 +163,10 @@ def is_comoe_expert_key(key: str) -> bool:
 
 
 __all__ = [
-    "DENSE_ARCHITECTURES",
     "MOTE_EXPERT_PARTS",
     "MOE_STACKED",
     "MOE_DENSE",
-    "position_offset",
+    "MOE_GATED_STACKED",
     "mote_expert_key",
     "mote_key",
     "mote_rename",

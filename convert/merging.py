@@ -15,15 +15,11 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
+from moe_embed.convert.bases import architecture, base_of, dense_fields, encoder_fields
 from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_card, source_license
-from moe_embed.convert.checkpoint import (
-    ENCODER_FIELDS,
-    load_tokenizer,
-    parse_dtype,
-    read_state_dict,
-)
+from moe_embed.convert.checkpoint import load_tokenizer, parse_dtype, read_state_dict
 from moe_embed.convert.folder_writer import write_model_folder
-from moe_embed.convert.layout import DENSE_ARCHITECTURES, parse_moe_key, parse_mote_key, position_offset
+from moe_embed.convert.layout import parse_moe_key, parse_mote_key
 from moe_embed.errors import UsageError
 from moe_embed.files import atomic_output_dir, read_json
 from moe_embed.folders import ModelFolder
@@ -164,20 +160,22 @@ def mean_cosine(folder: Path, merged: Path, texts: list[str]) -> float:
 
 
 def dense_config(config: dict):
-    """The transformers config of the dense model with the same encoder shape."""
+    """The transformers config of the dense model of the folder's base (`source_model_type`) with the same encoder.
+
+    Raises:
+        UsageError: where that config would not compute the folder's encoder: a field of the folder (its positions,
+            norms, biases, ...) differs from what the base's config gives back (`convert/bases.py`).
+    """
     from transformers import AutoConfig
 
-    model_type = config.get("source_model_type") or "bert"
-    if model_type not in DENSE_ARCHITECTURES:
-        raise UsageError(f"cannot export to model_type {model_type!r}; expected one of {list(DENSE_ARCHITECTURES)}")
-    expected_offset = position_offset(model_type, config.get("pad_token_id", 1))
-    if config.get("position_offset", 0) != expected_offset:
-        raise UsageError(
-            f"position_offset {config.get('position_offset')} does not match a {model_type} checkpoint "
-            f"({expected_offset})"
-        )
-    fields = {key: config[key] for key in ENCODER_FIELDS if key in config}
-    dense = AutoConfig.for_model(model_type, **fields, architectures=[DENSE_ARCHITECTURES[model_type]])
+    model_type, fields = dense_fields(config)
+    dense = AutoConfig.for_model(model_type, **fields, architectures=[architecture(model_type)])
+    defaults = {"position_offset": 0, "type_vocab_size": 2}  # the encoder config's, where an old folder has none
+    for name, value in encoder_fields(dense).items():
+        if config.get(name, defaults.get(name)) != value and name != "source_model_type":
+            raise UsageError(
+                f"{name}={config.get(name)!r} of the folder does not match a {model_type} checkpoint ({value!r})"
+            )
     if config.get("dtype"):
         dense.dtype = config["dtype"]
     return dense
@@ -287,13 +285,16 @@ MERGERS = {"mote_bert": merge_mote_folder, "moe_bert": merge_moe_folder, "comoe_
 
 
 def dense_model(config: dict, state: dict, dtype: torch.dtype | None) -> torch.nn.Module:
-    """The transformers model of the source architecture holding the merged `state` (every key checked)."""
+    """The transformers model of the source architecture holding the merged `state` (the shared encoder's names,
+    renamed back to the base's: every key checked)."""
     from transformers import AutoModel
 
+    base = base_of(config.get("source_model_type") or "bert", "the folder's source_model_type")
+    pooler = {"add_pooling_layer": config.get("add_pooling_layer", True)} if base.pooler else {}
     with torch.device("meta"):
-        model = AutoModel.from_config(dense_config(config), add_pooling_layer=config.get("add_pooling_layer", True))
+        model = AutoModel.from_config(dense_config(config), **pooler)
     try:
-        model.load_state_dict(state, strict=True, assign=True)
+        model.load_state_dict(base.to_theirs(state), strict=True, assign=True)
     except RuntimeError as error:
         raise UsageError(f"merged weights do not fit {type(model).__name__}: {str(error).splitlines()[0]}") from None
     return model.to(dtype or next(iter(state.values())).dtype).eval()

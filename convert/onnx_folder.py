@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from moe_embed.convert.bases import architecture, dense_fields
 from moe_embed.convert.cpu_graph import GRAPH_FILE
 from moe_embed.convert.folder_writer import write_model_folder
 from moe_embed.convert.onnx_checks import check_export, quantize_checked
@@ -62,20 +63,21 @@ def write_folder_files(source: Path, target: Path, st, input_length: int):
 
 
 def serving_config(config: dict) -> dict:
-    """The `config.json` of an exported folder: a plain BERT (RoBERTa where positions start after the padding
-    index) with the source's encoder fields, which is what the graph's inputs and sizes are, so that
-    transformers, optimum, sentence-transformers' ONNX backend and transformers.js load it with no remote code
-    (the source's code is not in the folder); the source's own fields stay (tasks, prefixes, expert layers), as
-    attributes the BERT config does not use. A folder of a transformers model type keeps its config."""
+    """The `config.json` of an exported folder: the dense model of the source's base (`BertModel`, `MPNetModel`,
+    `ModernBertModel`, ...: `convert/bases.py`) with the source's encoder fields, which is what the graph's inputs
+    and sizes are, so that transformers, optimum, sentence-transformers' ONNX backend and transformers.js load it
+    with no remote code (the source's code is not in the folder); the source's own fields stay (tasks, prefixes,
+    expert layers), as attributes the base's config does not use. A folder of a transformers model type keeps its
+    config."""
     if "auto_map" not in config:
         return config
-    model_type = "roberta" if config.get("position_offset", 0) else "bert"
+    model_type, fields = dense_fields(config)
     kept = {key: value for key, value in config.items() if key not in ("auto_map", "architectures", "model_type")}
-    architecture = {"bert": "BertModel", "roberta": "RobertaModel"}[model_type]
     return {
-        "architectures": [architecture],
+        "architectures": [architecture(model_type)],
         "model_type": model_type,
         **kept,
+        **fields,
         "source_model_type": config["model_type"],
     }
 

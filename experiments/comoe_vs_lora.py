@@ -100,7 +100,7 @@ def trainable_parameters(variant: str, base: Path) -> int:
     """Trainable parameters of a variant, counted on the model the training CLI builds (untrained)."""
     from transformers import AutoConfig, AutoModel
 
-    from moe_embed.convert.checkpoint import ENCODER_FIELDS
+    from moe_embed.convert.bases import encoder_fields
     from moe_embed.convert.options import CoMoeOptions
     from moe_embed.training.train import lora_config
 
@@ -116,7 +116,7 @@ def trainable_parameters(variant: str, base: Path) -> int:
         from moe_embed.modeling.modeling_comoe import CoMoeBertModel
 
         config = CoMoeBertConfig(
-            **{field: getattr(dense, field) for field in ENCODER_FIELDS if hasattr(dense, field)},
+            **encoder_fields(dense),
             num_local_experts=adapter.num_local_experts,
             num_experts_per_tok=adapter.num_experts_per_tok,
             lora_rank=adapter.lora_rank,

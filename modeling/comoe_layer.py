@@ -147,14 +147,14 @@ class CoMoeLinear(nn.Module):
 
     takes_routing = True  # `modeling_encoder.project` hands it the layer's `LayerRouting`
 
-    def __init__(self, in_features: int, out_features: int, config):
+    def __init__(self, in_features: int, out_features: int, config, bias: bool = True):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.num_experts, self.top_k, self.rank = config.num_local_experts, config.num_experts_per_tok, config.lora_rank
         self.scaling = config.lora_scaling
         self.tau, self.eps = config.contrastive_tau, config.contrastive_eps
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        self.bias = nn.Parameter(torch.empty(out_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None  # a base without biases (ModernBERT)
         self.lora_A = nn.Parameter(torch.empty(self.num_experts, self.rank, in_features))
         self.lora_B = nn.Parameter(torch.empty(self.num_experts, out_features, self.rank))
         self.router = CoMoeRouter(in_features, self.num_experts)

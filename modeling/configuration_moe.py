@@ -40,6 +40,11 @@ class MoeBertConfig(EncoderConfig):
 
     def __post_init__(self, **kwargs):
         check_top_k(self.num_local_experts, self.num_experts_per_tok)
+        if self.gated_mlp == self.mlp_bias:
+            raise ValueError(
+                "token-routed experts are plain feed-forward blocks with biases (BERT, MPNet) or gated ones without "
+                f"(ModernBERT); got gated_mlp={self.gated_mlp}, mlp_bias={self.mlp_bias}"
+            )
         if not 0.0 <= self.router_jitter_noise < 1.0:
             raise ValueError(f"`router_jitter_noise` must lie in [0, 1), got {self.router_jitter_noise}")
         self.moe_layers = resolve_layer_indices(self.moe_layers, self.num_hidden_layers, "moe_layers")

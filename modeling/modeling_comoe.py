@@ -81,7 +81,8 @@ class CoMoeLayer(EncoderLayer):
             parent_name, _, attribute = name.rpartition(".")
             parent = self.get_submodule(parent_name)
             dense = getattr(parent, attribute)
-            setattr(parent, attribute, CoMoeLinear(dense.in_features, dense.out_features, config))
+            linear = CoMoeLinear(dense.in_features, dense.out_features, config, bias=dense.bias is not None)
+            setattr(parent, attribute, linear)
 
     def forward(self, hidden_states, attention_mask=None, routing=None, **kwargs):
         aux = CoMoeLayerAux()  # this pass's reports, handed with the routing to the layer's CoMoE linears
@@ -102,7 +103,8 @@ class CoMoeBertPreTrainedModel(EncoderPreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, CoMoeLinear):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-            init.zeros_(module.bias)
+            if module.bias is not None:
+                init.zeros_(module.bias)
             bound = 1.0 / math.sqrt(module.in_features)  # nn.Linear's (and peft's) init of lora_A
             init.uniform_(module.lora_A, -bound, bound)
             init.zeros_(module.lora_B)  # the model starts as the base model

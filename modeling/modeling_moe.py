@@ -23,7 +23,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .compat import ALL_EXPERTS_FUNCTIONS, OutputRecorder, init, is_exporting, use_experts_implementation
 from .configuration_moe import MoeBertConfig
-from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention
+from .modeling_encoder import EncoderLayer, EncoderPreTrainedModel, EncoderSelfAttention, layer_norm
 from .router_losses import load_balancing_loss, router_z_loss
 
 # The experts implementation a model runs when the caller names none, per device type: on CPU the eager loop,
@@ -107,24 +107,10 @@ class MoeBertRouter(nn.Module):
         return router_logits, weights, selected
 
 
-@use_experts_implementation(has_gate=False, has_bias=True, experts_interface=MoeBertExpertsInterface())
-class MoeBertExperts(nn.Module):
-    """`num_local_experts` BERT feed-forward blocks stored as stacked parameters.
-
-    `up_proj` `(E, intermediate, hidden)` and `down_proj` `(E, hidden, intermediate)` have the layout
-    of `nn.Linear` weights, so a dense `intermediate.dense` / `output.dense` pair stacks into them.
-    """
-
-    def __init__(self, config: MoeBertConfig):
-        super().__init__()
-        self.num_experts = config.num_local_experts
-        self.up_proj = nn.Parameter(torch.empty(config.num_local_experts, config.intermediate_size, config.hidden_size))
-        self.up_proj_bias = nn.Parameter(torch.empty(config.num_local_experts, config.intermediate_size))
-        self.down_proj = nn.Parameter(
-            torch.empty(config.num_local_experts, config.hidden_size, config.intermediate_size)
-        )
-        self.down_proj_bias = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size))
-        self.act_fn = ACT2FN[config.hidden_act]
+class MoeBertExpertsLoop(nn.Module):
+    """The experts' own implementations, the eager loop and the graph-safe one, for every kind of expert: each
+    subclass holds the stacked parameters and says what expert `index` computes on its rows, `expert(inputs,
+    index)`."""
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         """Eager implementation: routing slots sorted by expert, one gather, two matmuls per expert hit.
@@ -142,10 +128,7 @@ class MoeBertExperts(nn.Module):
             if count == 0:
                 continue
             end = start + count
-            h = nn.functional.linear(sorted_inputs[start:end], self.up_proj[expert], self.up_proj_bias[expert])
-            sorted_outputs[start:end] = nn.functional.linear(
-                self.act_fn(h), self.down_proj[expert], self.down_proj_bias[expert]
-            )
+            sorted_outputs[start:end] = self.expert(sorted_inputs[start:end], expert)
             start = end
         slot_outputs = torch.empty_like(sorted_outputs)
         slot_outputs[order] = sorted_outputs  # back to (token, slot) order
@@ -159,12 +142,56 @@ class MoeBertExperts(nn.Module):
         output = torch.zeros_like(hidden_states)
         for expert in range(self.num_experts):
             token, slot = (top_k_index == expert).nonzero(as_tuple=True)
-            h = nn.functional.linear(
-                hidden_states.index_select(0, token), self.up_proj[expert], self.up_proj_bias[expert]
-            )
-            out = nn.functional.linear(self.act_fn(h), self.down_proj[expert], self.down_proj_bias[expert])
+            out = self.expert(hidden_states.index_select(0, token), expert)
             output = output.index_add(0, token, out * top_k_weights[token, slot].unsqueeze(-1))
         return output
+
+
+@use_experts_implementation(has_gate=False, has_bias=True, experts_interface=MoeBertExpertsInterface())
+class MoeBertExperts(MoeBertExpertsLoop):
+    """`num_local_experts` BERT feed-forward blocks stored as stacked parameters.
+
+    `up_proj` `(E, intermediate, hidden)` and `down_proj` `(E, hidden, intermediate)` have the layout
+    of `nn.Linear` weights, so a dense `intermediate.dense` / `output.dense` pair stacks into them.
+    """
+
+    def __init__(self, config: MoeBertConfig):
+        super().__init__()
+        self.num_experts = config.num_local_experts
+        self.up_proj = nn.Parameter(torch.empty(config.num_local_experts, config.intermediate_size, config.hidden_size))
+        self.up_proj_bias = nn.Parameter(torch.empty(config.num_local_experts, config.intermediate_size))
+        self.down_proj = nn.Parameter(
+            torch.empty(config.num_local_experts, config.hidden_size, config.intermediate_size)
+        )
+        self.down_proj_bias = nn.Parameter(torch.empty(config.num_local_experts, config.hidden_size))
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def expert(self, inputs: torch.Tensor, index: int) -> torch.Tensor:
+        h = nn.functional.linear(inputs, self.up_proj[index], self.up_proj_bias[index])
+        return nn.functional.linear(self.act_fn(h), self.down_proj[index], self.down_proj_bias[index])
+
+
+@use_experts_implementation(has_gate=True, has_bias=False, experts_interface=MoeBertExpertsInterface())
+class MoeBertGatedExperts(MoeBertExpertsLoop):
+    """`num_local_experts` gated feed-forward blocks (GLU, no biases: ModernBERT's) stored as stacked parameters:
+    `gate_up_proj` `(E, 2 * intermediate, hidden)`, whose first half is activated and multiplies the second (the
+    layout of transformers' MoE experts, and of a dense `intermediate.dense` of a gated block), and `down_proj`
+    `(E, hidden, intermediate)`."""
+
+    def __init__(self, config: MoeBertConfig):
+        super().__init__()
+        self.num_experts = config.num_local_experts
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(config.num_local_experts, 2 * config.intermediate_size, config.hidden_size)
+        )
+        self.down_proj = nn.Parameter(
+            torch.empty(config.num_local_experts, config.hidden_size, config.intermediate_size)
+        )
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def expert(self, inputs: torch.Tensor, index: int) -> torch.Tensor:
+        activated, gate = nn.functional.linear(inputs, self.gate_up_proj[index]).chunk(2, dim=-1)
+        return nn.functional.linear(self.act_fn(activated) * gate, self.down_proj[index])
 
 
 class MoeBertSparseBlock(nn.Module):
@@ -173,7 +200,7 @@ class MoeBertSparseBlock(nn.Module):
     def __init__(self, config: MoeBertConfig):
         super().__init__()
         self.router = MoeBertRouter(config)
-        self.experts = MoeBertExperts(config)
+        self.experts = (MoeBertGatedExperts if config.gated_mlp else MoeBertExperts)(config)
 
     def forward(self, hidden_states: torch.Tensor):
         router_logits, weights, selected = self.router(hidden_states)  # fp32
@@ -184,27 +211,33 @@ class MoeBertSparseBlock(nn.Module):
 
 
 class MoeBertOutputNorm(nn.Module):
-    """Dropout, residual and `output.LayerNorm` after the experts (BERT's `output` without `dense`)."""
+    """Dropout, residual and (post-LN) `output.LayerNorm` after the experts (the layer's `output` without `dense`)."""
 
     def __init__(self, config: MoeBertConfig):
         super().__init__()
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        if not config.prenorm:
+            self.LayerNorm = layer_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.prenorm = config.prenorm
 
     def forward(self, hidden_states, input_tensor):
-        return self.LayerNorm(self.dropout(hidden_states) + input_tensor)
+        output = self.dropout(hidden_states) + input_tensor
+        return output if self.prenorm else self.LayerNorm(output)
 
 
 class MoeBertLayer(EncoderLayer):
-    """A layer whose feed-forward block is a token-routed sparse MoE block (`mlp`)."""
+    """A layer whose feed-forward block is a token-routed sparse MoE block (`mlp`); a pre-norm layer keeps its
+    `feed_forward_norm`, shared by the experts."""
 
     def build_feed_forward(self, config: MoeBertConfig) -> None:
+        self.feed_forward_norm = layer_norm(config) if config.prenorm else None
         self.mlp = MoeBertSparseBlock(config)
         self.output = MoeBertOutputNorm(config)
 
     def feed_forward(self, attention_output: torch.Tensor, routing: MoeRouting):
         batch, seq, hidden = attention_output.shape
-        flat = attention_output.reshape(-1, hidden)
+        inputs = self.feed_forward_norm(attention_output) if self.prenorm else attention_output
+        flat = inputs.reshape(-1, hidden)
         if routing.token_index is None:
             moe_out, router_logits = self.mlp(flat)
         else:  # padding tokens are neither routed nor counted; their FFN output is zero
@@ -251,6 +284,9 @@ class MoeBertPreTrainedModel(EncoderPreTrainedModel):
             init.normal_(module.down_proj, mean=0.0, std=std)
             init.zeros_(module.up_proj_bias)
             init.zeros_(module.down_proj_bias)
+        elif isinstance(module, MoeBertGatedExperts):
+            init.normal_(module.gate_up_proj, mean=0.0, std=std)
+            init.normal_(module.down_proj, mean=0.0, std=std)
         elif isinstance(module, MoeBertRouter):
             init.normal_(module.weight, mean=0.0, std=std)
 
@@ -341,6 +377,8 @@ __all__ = [
     "MoeBertLayer",
     "MoeBertSparseBlock",
     "MoeBertExperts",
+    "MoeBertGatedExperts",
+    "MoeBertExpertsLoop",
     "MoeBertRouter",
     "MoeBertModelOutput",
 ]

@@ -1,11 +1,12 @@
 """MoTE: Mixture of Task Experts (Romero et al., 2025, "MoTE: Mixture of Task Experts for
 Multi-task Embedding Models").
 
-Expert layers hold one expert per task. An expert is the part of a post-LN BERT layer after the
-attention projection: `attention.output.LayerNorm`, `intermediate.dense`, `output.dense` and
-`output.LayerNorm` (the paper's "LayerNorm + MLP + LayerNorm"). Every token of a sequence goes
-through the expert of the sequence's task, chosen by the routing rule of `task_router.py` (an explicit
-`task`/`task_ids`, else the instruction prefix the ids start with, else the default task).
+Expert layers hold one expert per task. An expert is the part of a layer after the attention projection: in a
+post-LN layer `attention.output.LayerNorm`, `intermediate.dense`, `output.dense` and `output.LayerNorm` (the paper's
+"LayerNorm + MLP + LayerNorm"); in a pre-norm layer `feed_forward_norm`, `intermediate.dense` and `output.dense`.
+Every token of a sequence goes through the expert of the sequence's task, chosen by the routing rule of
+`task_router.py` (an explicit `task`/`task_ids`, else the instruction prefix the ids start with, else the default
+task).
 
 A batch is routed once per forward pass, by the router (`TaskRouter.route_batch`): rows are stably sorted by
 task (a no-op for a single-task batch), every expert layer applies each expert to one contiguous slice of rows,
@@ -20,7 +21,7 @@ from torch import nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from .configuration_mote import MoteBertConfig
-from .modeling_encoder import EncoderIntermediate, EncoderLayer, EncoderOutput, EncoderPreTrainedModel
+from .modeling_encoder import EncoderIntermediate, EncoderLayer, EncoderOutput, EncoderPreTrainedModel, layer_norm
 from .task_router import MoteRouting, TaskRouter, active_expert_indices
 
 
@@ -37,16 +38,24 @@ class MoteModelOutput(BaseModelOutputWithPooling):
 
 
 class MoteBertExpert(nn.Module):
-    """One task expert: attention-output LayerNorm, then BERT's feed-forward block."""
+    """One task expert: what a layer computes after its attention. In a post-LN layer (BERT, MPNet) the
+    attention-output LayerNorm, then the feed-forward block with its output LayerNorm (the paper's "LayerNorm + MLP
+    + LayerNorm"); in a pre-norm layer (ModernBERT) the feed-forward block's input norm and the block."""
 
     def __init__(self, config: MoteBertConfig):
         super().__init__()
-        self.attention_LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        if config.prenorm:
+            self.feed_forward_norm = layer_norm(config)
+        else:
+            self.attention_LayerNorm = layer_norm(config)
         self.intermediate = EncoderIntermediate(config)
         self.output = EncoderOutput(config)
+        self.prenorm = config.prenorm
 
     def forward(self, residual: torch.Tensor) -> torch.Tensor:
-        # residual: (rows, seq, hidden), the attention projection plus its input, before the norm
+        # residual: (rows, seq, hidden), the attention projection plus its input, before any norm
+        if self.prenorm:
+            return self.output(self.intermediate(self.feed_forward_norm(residual)), residual)
         attention_output = self.attention_LayerNorm(residual)
         return self.output(self.intermediate(attention_output), attention_output)
 
@@ -219,7 +228,7 @@ class MoteBertModel(MoteBertPreTrainedModel):
             # Compared with the layer's own attention, not the input: under a device map the layer may sit
             # on another device, or on `meta` while accelerate offloads it to CPU or disk (it brings the
             # whole layer's weights at its forward); only `set_active_tasks` separates experts from their layer.
-            where = module.attention_LayerNorm.weight.device
+            where = next(module.parameters()).device
             if where != layer.attention.self.query.weight.device:
                 raise ValueError(
                     f"The experts of task {task!r} are offloaded to {where}; call "

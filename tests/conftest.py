@@ -130,6 +130,28 @@ def dense_path() -> str:
     return str(TINY_MODEL)
 
 
+# Tiny dense models of the bases beyond BERT, in transformers' own classes with random weights
+# (`tests/data/make_tiny_bases.py`): an MPNet with tiny-minilm's uncased WordPiece vocabulary, and a ModernBERT with
+# a cased byte-level BPE one.
+TINY_BASES = {"mpnet": FIXTURE_DATA / "tiny-mpnet", "modernbert": FIXTURE_DATA / "tiny-modernbert"}
+
+
+@pytest.fixture(scope="session")
+def base_folders(tmp_path_factory):
+    """`folder(base, arch="mote", **options)`: a tiny base (`TINY_BASES`, or "bert": tiny-minilm) upcycled once per
+    session for each set of options (a str path)."""
+    made = {}
+
+    def folder(base: str, arch: str = "mote", **options) -> str:
+        key = (base, arch, tuple(sorted(options.items())))
+        if key not in made:
+            source = str(TINY_BASES.get(base, TINY_MODEL))
+            made[key] = upcycled(tmp_path_factory, source, f"{base}-{arch}", arch=arch, **options)
+        return made[key]
+
+    return folder
+
+
 @pytest.fixture(scope="session")
 def minilm_path() -> str:
     """Folder of the bundled all-MiniLM-L6-v2, for the `slow` tests whose numbers are the point."""

