@@ -1,15 +1,8 @@
 """The dense bases this package upcycles, each described once: which `model_type`s it covers, how its checkpoint
-keys map onto the shared encoder's (BERT's names, `modeling/modeling_encoder.py`), which encoder fields its config
-sets (positions, norm placement, gated feed-forward, biases, ...) and how an export writes it back in its own
-architecture. Upcycling, merging, export and training read this table and nothing else about a base; the model code
-reads only the encoder fields it sets.
-
-A key is renamed by the first rule whose template its start matches (`{n}` a layer index), the rest of the key
-(`weight`, `bias`) kept; a rule with several targets splits the tensor into equal chunks along dim 0 (a fused
-`Wqkv` into query, key and value, as transformers' own conversion of `nomic_bert` does) and the way back
-concatenates them. A key no rule matches keeps its name. Task-head checkpoints (`BertForMaskedLM`, ...) keep the
-encoder under a prefix (`bert.`, `model.`), which is stripped; what is not part of the encoder afterwards (heads) is
-dropped.
+keys map onto the shared encoder's (`modeling/base_keys.py`, the one key table, which model folders carry too),
+which encoder fields its config sets (positions, norm placement, gated feed-forward, biases, ...) and how an export
+writes it back in its own architecture. Upcycling, merging, export and training read this table and nothing else
+about a base; the model code reads only the encoder fields it sets.
 
 | base | model types | positions | layers | feed-forward |
 |---|---|---|---|---|
@@ -21,13 +14,13 @@ dropped.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from moe_embed.errors import UsageError
+from moe_embed.modeling.base_keys import BERT_KEYS, MODERNBERT_KEYS, MPNET_KEYS, KeyLayout
 
 logger = logging.getLogger(__name__)
 
@@ -47,20 +40,6 @@ BERT_FIELDS = (
     "layer_norm_eps",
     "pad_token_id",
 )
-# the roots of the shared encoder's keys; anything else in a dense checkpoint is a head
-ENCODER_ROOTS = ("embeddings.", "encoder.", "pooler.")
-
-
-@dataclass(frozen=True)
-class Rename:
-    """A key prefix of the base's checkpoint (`theirs`, `{n}` a layer index) and the prefix(es) of the shared
-    encoder it becomes (`ours`; several: the tensor's equal chunks along dim 0)."""
-
-    theirs: str
-    ours: tuple[str, ...]
-
-    def pattern(self, template: str) -> re.Pattern:
-        return re.compile("^" + re.escape(template).replace(r"\{n\}", r"(\d+)") + "(.+)$")
 
 
 @dataclass(frozen=True)
@@ -75,69 +54,28 @@ class Base:
     architectures: dict[str, str]
     read: Callable
     write: Callable
-    renames: tuple[Rename, ...] = ()
-    head_prefixes: tuple[str, ...] = ("bert.", "roberta.", "model.")
+    keys: KeyLayout = BERT_KEYS
     pooler: bool = True  # its transformers class takes `add_pooling_layer`
     examples: tuple[str, ...] = ()
-    _patterns: dict = field(default_factory=dict, compare=False, repr=False)
-
-    def __post_init__(self):
-        for rule in self.renames:
-            self._patterns[rule] = (rule.pattern(rule.theirs), [rule.pattern(ours) for ours in rule.ours])
-
-    def our_key(self, key: str) -> list[str]:
-        """The shared encoder's key(s) of a key of the base's checkpoint (after any head prefix)."""
-        for rule in self.renames:
-            match = self._patterns[rule][0].match(key)
-            if match:
-                *layer, rest = match.groups()
-                return [ours.format(n=layer[0] if layer else "") + rest for ours in rule.ours]
-        return [key]
 
     def to_ours(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The shared encoder's state dict of the base's checkpoint: head prefixes stripped, keys renamed, fused
-        tensors split, heads and saved buffers dropped (logged)."""
-        ours, dropped = {}, []
-        for key, tensor in state.items():
-            bare = next((key[len(p) :] for p in self.head_prefixes if key.startswith(p)), key)
-            if bare.endswith(("position_ids", "token_type_ids")):
-                continue  # buffers some old checkpoints saved
-            names = self.our_key(bare)
-            if not names[0].startswith(ENCODER_ROOTS):
-                dropped.append(key)
-                continue
-            chunks = tensor.chunk(len(names), dim=0) if len(names) > 1 else (tensor,)
-            ours.update({name: chunk.contiguous() for name, chunk in zip(names, chunks, strict=True)})
+        """The shared encoder's state dict of the base's checkpoint (`KeyLayout.to_ours`; the heads dropped are
+        logged)."""
+        ours, dropped = self.keys.to_ours(state)
         if dropped:
             logger.info("dropping %d tensors that are not part of the encoder (heads): %s", len(dropped), dropped[:5])
         return ours
 
     def to_theirs(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The base's own state dict (its model class's names, no head prefix) of a shared-encoder state dict:
-        renamed back, split tensors concatenated."""
-        theirs, parts = {}, {}
-        for key, tensor in state.items():
-            target = self.their_key(key)
-            if target is None:
-                theirs[key] = tensor
-                continue
-            name, index, count = target
-            parts.setdefault(name, [None] * count)[index] = tensor
-            if all(part is not None for part in parts[name]):
-                theirs[name] = torch.cat(parts.pop(name)) if count > 1 else parts.pop(name)[0]
-        if parts:
-            raise UsageError(f"incomplete fused tensors {sorted(parts)}: a part of each is missing")
-        return theirs
+        """The base's own state dict of a shared-encoder state dict (`KeyLayout.to_theirs`)."""
+        try:
+            return self.keys.to_theirs(state)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
 
-    def their_key(self, key: str) -> tuple[str, int, int] | None:
-        """`(base key, chunk index, chunks)` of a shared-encoder key some rule renames, else `None`."""
-        for rule in self.renames:
-            for index, pattern in enumerate(self._patterns[rule][1]):
-                match = pattern.match(key)
-                if match:
-                    *layer, rest = match.groups()
-                    return rule.theirs.format(n=layer[0] if layer else "") + rest, index, len(rule.ours)
-        return None
+    def our_key(self, key: str) -> list[str]:
+        """The shared encoder's key(s) of one key of the base's model."""
+        return self.keys.our_keys(key)
 
 
 def _bert_fields(config) -> dict:
@@ -187,14 +125,7 @@ MPNET = Base(
     architectures={"mpnet": "MPNetModel"},
     read=_mpnet_fields,
     write=_mpnet_config,
-    renames=(
-        Rename("encoder.layer.{n}.attention.attn.q.", ("encoder.layer.{n}.attention.self.query.",)),
-        Rename("encoder.layer.{n}.attention.attn.k.", ("encoder.layer.{n}.attention.self.key.",)),
-        Rename("encoder.layer.{n}.attention.attn.v.", ("encoder.layer.{n}.attention.self.value.",)),
-        Rename("encoder.layer.{n}.attention.attn.o.", ("encoder.layer.{n}.attention.output.dense.",)),
-        Rename("encoder.layer.{n}.attention.LayerNorm.", ("encoder.layer.{n}.attention.output.LayerNorm.",)),
-    ),
-    head_prefixes=("mpnet.",),
+    keys=MPNET_KEYS,
     examples=("sentence-transformers/all-mpnet-base-v2", "sentence-transformers/multi-qa-mpnet-base-dot-v1"),
 )
 
@@ -273,25 +204,7 @@ MODERNBERT = Base(
     architectures={"modernbert": "ModernBertModel"},
     read=_modernbert_fields,
     write=_modernbert_config,
-    renames=(
-        Rename("embeddings.tok_embeddings.", ("embeddings.word_embeddings.",)),
-        Rename("embeddings.norm.", ("embeddings.LayerNorm.",)),
-        Rename("layers.{n}.attn_norm.", ("encoder.layer.{n}.attention_norm.",)),
-        Rename(
-            "layers.{n}.attn.Wqkv.",
-            (
-                "encoder.layer.{n}.attention.self.query.",
-                "encoder.layer.{n}.attention.self.key.",
-                "encoder.layer.{n}.attention.self.value.",
-            ),
-        ),
-        Rename("layers.{n}.attn.Wo.", ("encoder.layer.{n}.attention.output.dense.",)),
-        Rename("layers.{n}.mlp_norm.", ("encoder.layer.{n}.feed_forward_norm.",)),
-        Rename("layers.{n}.mlp.Wi.", ("encoder.layer.{n}.intermediate.dense.",)),
-        Rename("layers.{n}.mlp.Wo.", ("encoder.layer.{n}.output.dense.",)),
-        Rename("final_norm.", ("encoder.final_norm.",)),
-    ),
-    head_prefixes=("model.",),
+    keys=MODERNBERT_KEYS,
     pooler=False,
     examples=("Alibaba-NLP/gte-modernbert-base", "nomic-ai/modernbert-embed-base", "answerdotai/ModernBERT-base"),
 )
@@ -338,7 +251,6 @@ __all__ = [
     "MPNET",
     "MODERNBERT",
     "Base",
-    "Rename",
     "base_of",
     "architecture",
     "encoder_fields",

@@ -20,6 +20,7 @@ import shutil
 import torch
 from transformers.utils import cached_file
 
+from .base_keys import KEY_LAYOUTS
 from .comoe_layer import is_adapter_key
 from .manifest import (
     ADAPTER_CONFIG_NAME,
@@ -129,23 +130,36 @@ def base_config_path(base: str, where: str, hub_kwargs: dict) -> tuple[str, str]
         ) from None
 
 
-def check_base(config, base: str, where: str, hub_kwargs: dict) -> str:
-    """Refuse a base whose `config.json` does not have the adapter's shapes, before any weight is read; returns
-    where the base is read from (`base_config_path`)."""
+def check_base(config, base: str, where: str, hub_kwargs: dict) -> tuple[str, str | None]:
+    """Refuse a base whose `config.json` does not have the adapter's shapes (the fields it holds of
+    `BASE_SHAPE_FIELDS`), before any weight is read; returns where the base is read from (`base_config_path`) and
+    its `model_type`."""
     source, path = base_config_path(base, where, hub_kwargs)
     with open(path, encoding="utf-8") as handle:
         base_config = json.load(handle)
     differ = {
         key: (getattr(config, key), base_config.get(key))
         for key in BASE_SHAPE_FIELDS
-        if base_config.get(key) != getattr(config, key)
+        if key in base_config and base_config[key] != getattr(config, key)
     }
     if differ:
         raise ValueError(
             f"the base model {base!r} does not fit the adapter of {where}: "
             + ", ".join(f"{key} {want} (adapter) vs {got} (base)" for key, (want, got) in differ.items())
         )
-    return source
+    return source, base_config.get("model_type")
+
+
+def base_weights(source: str, model_type: str | None, hub_kwargs: dict) -> dict[str, torch.Tensor] | None:
+    """The base's weights under the shared encoder's names, for a base whose checkpoint names its tensors otherwise
+    (MPNet, ModernBERT: `base_keys.KEY_LAYOUTS`), read by transformers' own class of the base; `None` for a base
+    whose names are the encoder's (BERT, RoBERTa, XLM-R), which `from_pretrained` reads as it is."""
+    layout = KEY_LAYOUTS.get(model_type)
+    if layout is None or not layout.renames:
+        return None
+    from transformers import AutoModel
+
+    return layout.to_ours(AutoModel.from_pretrained(source, **hub_kwargs).state_dict())[0]
 
 
 def check_settings(settings: dict, config, where: str) -> None:

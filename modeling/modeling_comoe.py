@@ -24,6 +24,7 @@ from transformers.utils import cached_file
 from .comoe_adapter import (
     HUB_KWARGS,
     adapter_state_dict,
+    base_weights,
     check_base,
     check_settings,
     is_comoe_adapter,
@@ -273,9 +274,17 @@ class CoMoeBertModel(CoMoeBertPreTrainedModel):
         named = os.fspath(base_model_name_or_path or settings.get("base_model_name_or_path"))
         base = resolve_base(named, pretrained_model_name_or_path, where)
         base_kwargs = {k: v for k, v in kwargs.items() if k not in ("revision", "subfolder")}  # they locate the adapter
-        source = check_base(config, base, where, {k: v for k, v in hub_kwargs.items() if k in base_kwargs})
+        base_hub_kwargs = {k: v for k, v in hub_kwargs.items() if k in base_kwargs}
+        source, base_type = check_base(config, base, where, base_hub_kwargs)
+        state = base_weights(source, base_type, base_hub_kwargs)  # a base named otherwise: renamed (MPNet, ...)
         model, info = super().from_pretrained(
-            source, *model_args, config=config, output_loading_info=True, adapters_load_later=True, **base_kwargs
+            None if state is not None else source,
+            *model_args,
+            config=config,
+            state_dict=state,
+            output_loading_info=True,
+            adapters_load_later=True,
+            **base_kwargs,
         )
         missing = sorted(info["missing_keys"])
         if missing:

@@ -299,3 +299,90 @@ def test_all_mpnet_base_v2_loads_offline_and_embeds(mpnet_path):
     torch.testing.assert_close(embeddings.norm(dim=-1), torch.ones(3), atol=1e-5, rtol=0)
     paraphrase, unrelated = (embeddings[0] @ embeddings[1]).item(), (embeddings[0] @ embeddings[2]).item()
     assert paraphrase > unrelated + 0.3, (paraphrase, unrelated)
+
+
+@pytest.mark.parametrize("base", BASES[1:])
+def test_comoe_adapters_of_a_base_load_on_it_and_merge_into_its_class(base, tmp_path):
+    """A CoMoE of each base (one expert, so that the merge is exact): its adapter-only folder loads on the base
+    it names, and merging folds the experts into a folder of the base's own class."""
+    from conftest import randomize_lora_b
+
+    from moe_embed.convert.extract_adapter import extract_adapter
+    from moe_embed.convert.merge_experts import merge
+    from moe_embed.convert.options import MergeOptions, upcycle_options
+    from moe_embed.convert.upcycle import upcycle
+
+    single = dict(num_local_experts=1, num_experts_per_tok=1, contrastive_loss_coef=0.0)
+    folder = upcycle(upcycle_options(arch="comoe", base=dense_folder(base), output=tmp_path / "comoe", **single))
+    st = SentenceTransformer(str(folder), trust_remote_code=True, device="cpu")
+    randomize_lora_b(st[0].auto_model, seed=2)
+    st.save(str(tmp_path / "trained"))
+    want = st.encode(TEXTS, convert_to_tensor=True)
+    assert (want - SentenceTransformer(dense_folder(base)).encode(TEXTS, convert_to_tensor=True)).abs().max() > 1e-3
+    adapter = extract_adapter(tmp_path / "trained", tmp_path / "adapter")
+    assert (adapter / "adapter_model.safetensors").is_file() and not (adapter / "model.safetensors").exists()
+    loaded = SentenceTransformer(str(adapter), trust_remote_code=True, device="cpu")
+    assert (loaded.encode(TEXTS, convert_to_tensor=True) - want).abs().max() <= 1e-5
+    for source in (tmp_path / "trained", adapter):
+        merged = merge(MergeOptions(model_dir=str(source), output=tmp_path / f"merged-{source.name}"))
+        dense = SentenceTransformer(str(merged), device="cpu")  # no remote code
+        assert type(dense[0].auto_model).__name__ == CLASSES[base]
+        assert (dense.encode(TEXTS, convert_to_tensor=True) - want).abs().max() <= 1e-5, source.name
+
+
+@pytest.mark.parametrize("base", BASES[1:])
+def test_aea_calibrates_the_token_moe_of_a_base(base, tmp_path, capsys):
+    """AEA on a token MoE of each base (experts made different by noise): the calibrated folder measures each MoE
+    layer's homogeneity, and with no allocation it embeds what the MoE model's last layer gives."""
+    from conftest import run_main
+
+    from moe_embed.convert.calibrate_aea import main as calibrate_main
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
+
+    options = dict(num_local_experts=4, expert_noise=0.05)
+    moe = upcycle(upcycle_options(arch="moe", base=dense_folder(base), output=tmp_path / "moe", **options))
+    calibration = tmp_path / "texts.txt"
+    calibration.write_text("\n".join(TEXTS * 4) + "\n")
+    for allocation in ("both", "none"):
+        output = tmp_path / allocation
+        args = ("--output", str(output), "--calibration", str(calibration), "--allocation", allocation)
+        code, err = run_main(calibrate_main, str(moe), *args, capsys=capsys)
+        assert code == 0, err
+    config = json.loads((tmp_path / "both" / "aea_config.json").read_text())
+    assert [k is None for k in config["layer_top_k"]] == [True, False] * (len(config["layer_top_k"]) // 2)
+    assert all(s is None or s < 0.999 for s in config["homogeneity"])  # the noise made experts differ
+    got = SentenceTransformer(str(tmp_path / "none"), trust_remote_code=True).encode(TEXTS, convert_to_tensor=True)
+    model = AutoModel.from_pretrained(str(moe), trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(moe))
+    prompt = json.loads((tmp_path / "none" / "aea_config.json").read_text())["prompt_template"]
+    for row, text in enumerate(TEXTS):
+        batch = tokenizer([prompt.replace("[TEXT]", text)], return_tensors="pt")
+        with torch.no_grad():
+            hidden = model(**batch, output_hidden_states=True).hidden_states[-1]  # the last layer's output
+        want = torch.nn.functional.normalize(hidden[0].mean(0), dim=-1)
+        assert (got[row] - want).abs().max() <= 1e-5, row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_all_mpnet_base_v2_upcycles_to_its_own_function(arch, mpnet_path, tmp_path):
+    """The real all-mpnet-base-v2: an untrained upcycled folder is the dense model through sentence-transformers
+    (every prompt, and none) and `AutoModel` (every token)."""
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
+
+    folder = str(upcycle(upcycle_options(arch=arch, base=str(mpnet_path), output=tmp_path / arch, **ARCHS[arch])))
+    dense = SentenceTransformer(str(mpnet_path), device="cpu")
+    st = SentenceTransformer(folder, trust_remote_code=True, device="cpu")
+    for prefix in prefixes(st):
+        texts = [prefix + text for text in TEXTS]
+        got, want = st.encode(texts, convert_to_tensor=True), dense.encode(texts, convert_to_tensor=True)
+        assert (got - want).abs().max() <= 1e-5, prefix
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    (got, mask), (want, _) = (
+        hidden_states(model, tokenizer, TEXTS),
+        hidden_states(dense[0].auto_model, tokenizer, TEXTS),
+    )
+    assert (got - want)[mask].abs().max() <= 1e-5

@@ -1,7 +1,10 @@
 """One routing rule, every path (modeling/task_router.py): a text reaches the same expert, and gives the same
 vector, through sentence-transformers, `AutoModel`, the exported ONNX graph fed from `tokenizer.json` as a
-client feeds it (fp32 and int8) and OpenVINO. The expected experts are written here by hand from the rule
-(docs/architecture.md, "Routing"), not read from the code under test."""
+client feeds it (fp32 and int8) and OpenVINO, on every base (BERT, MPNet, ModernBERT). The expected experts are
+written here by hand from the rule (docs/architecture.md, "Routing"), not read from the code under test."""
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +35,24 @@ CASES = [
 ]
 
 
+# A cased byte-level BPE tokenizer (ModernBERT's) reads a prefix only as it is spelt: another case, or spaces in
+# front (which it keeps as tokens), is no prefix, so those rows take the default task
+CASED_BPE = {
+    "Search_Query: " + TEXT: "classification",
+    "SEARCH_QUERY:" + TEXT: "classification",
+    "   search_query:    " + TEXT: "classification",
+    "Clustering:" + TEXT: "classification",
+}
+
+
+def cases_of(folder) -> list:
+    """`CASES` with the experts the folder's tokenizer gives by the rule (its base: `source_model_type`)."""
+    base = json.loads((Path(folder) / "config.json").read_text())["source_model_type"]
+    if base != "modernbert":  # tiny-minilm's and MPNet's uncased WordPiece tokenizers
+        return CASES
+    return [(text, call, CASED_BPE.get(text, task) if not call else task) for text, call, task in CASES]
+
+
 def sent(st, text: str, call: dict) -> str:
     """The text as a client that has no prompt argument sends it: the prompt in front."""
     prompt = call.get("prompt", st.prompts.get(call.get("prompt_name"), ""))
@@ -45,10 +66,16 @@ def routes_only_dir(dense_path, tmp_path_factory) -> str:
     return upcycled(tmp_path_factory, dense_path, "routes-only", prefix_routes_only=True)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["prefix-fed", "prefix-routes-only"])
-def folder(request, mote_dir, tmp_path_factory):
-    """A MoTE whose experts differ (a wrong route shows), as upcycled and with `--prefix-routes-only`."""
-    source = request.getfixturevalue("routes_only_dir") if request.param else mote_dir
+@pytest.fixture(
+    scope="module",
+    params=[("bert", False), ("bert", True), ("mpnet", False), ("modernbert", False), ("modernbert", True)],
+    ids=["prefix-fed", "prefix-routes-only", "mpnet", "modernbert", "modernbert-prefix-routes-only"],
+)
+def folder(request, base_folders, tmp_path_factory):
+    """A MoTE whose experts differ (a wrong route shows), as upcycled and with `--prefix-routes-only`, of each
+    base."""
+    base, routes_only = request.param
+    source = base_folders(base, prefix_routes_only=True) if routes_only else base_folders(base)
     trained = tmp_path_factory.mktemp("routing") / "trained"
     save_trained_copy(source, trained, seed=11)
     return trained
@@ -63,17 +90,19 @@ def st_path(folder, cases):
 
 
 def automodel_path(folder, texts, tasks=None):
-    """`AutoModel` on what a client sends, mean-pooled over the tokenizer's mask and normalised (the folder's
-    modules), as the transformers snippet of a model card does."""
+    """`AutoModel` on what a client sends, pooled as the folder's modules say (mean over the tokenizer's mask, or
+    the first token) and normalised, as the transformers snippet of a model card does."""
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModel.from_pretrained(str(folder), trust_remote_code=True).eval()
+    pooling = json.loads((Path(folder) / "1_Pooling" / "config.json").read_text())
+    cls = pooling.get("pooling_mode") == "cls" or pooling.get("pooling_mode_cls_token", False)  # 6.x's form, 5.x's
     vectors, experts = [], []
     for index, text in enumerate(texts):
         batch = tokenizer([text], return_tensors="pt", truncation=True)
         with torch.no_grad():
             out = model(**batch, **({"task": tasks[index]} if tasks and tasks[index] else {}))
         mask = batch["attention_mask"].unsqueeze(-1).float()
-        pooled = (out.last_hidden_state * mask).sum(1) / mask.sum(1)
+        pooled = out.last_hidden_state[:, 0] if cls else (out.last_hidden_state * mask).sum(1) / mask.sum(1)
         vectors.append(torch.nn.functional.normalize(pooled, dim=-1)[0].numpy())
         experts.append(int(out.task_ids[0]))
     return np.stack(vectors), experts
@@ -84,24 +113,26 @@ def cosines(a, b):
 
 
 def test_sentence_transformers_and_automodel_route_and_embed_alike(folder):
-    st_vectors, st_experts, st = st_path(folder, CASES)
+    cases = cases_of(folder)
+    st_vectors, st_experts, st = st_path(folder, cases)
     tasks = st[0].auto_model.config.tasks
-    assert [tasks[i] for i in st_experts] == [task for _, _, task in CASES]
-    texts = [sent(st, text, call) for text, call, _ in CASES]
-    am_vectors, am_experts = automodel_path(folder, texts, [call.get("task") for _, call, _ in CASES])
-    assert [tasks[i] for i in am_experts] == [task for _, _, task in CASES]
+    assert [tasks[i] for i in st_experts] == [task for _, _, task in cases]
+    texts = [sent(st, text, call) for text, call, _ in cases]
+    am_vectors, am_experts = automodel_path(folder, texts, [call.get("task") for _, call, _ in cases])
+    assert [tasks[i] for i in am_experts] == [task for _, _, task in cases]
     assert cosines(st_vectors, am_vectors).min() >= 0.9999
 
 
 def test_a_mixed_batch_routes_each_row_as_alone(folder):
     st = SentenceTransformer(str(folder), trust_remote_code=True)
-    plain = [(text, task) for text, call, task in CASES if not call]
+    plain = [(text, task) for text, call, task in cases_of(folder) if not call]
     together = st.encode([text for text, _ in plain])
     alone = np.stack([st.encode([text])[0] for text, _ in plain])
     assert cosines(together, alone).min() >= 0.9999
     expected = [st[0].auto_model.config.tasks.index(task) for _, task in plain]
     features = st.tokenize([text for text, _ in plain])
-    inputs = {name: features[name] for name in ("input_ids", "attention_mask", "token_type_ids", "task_ids")}
+    names = ("input_ids", "attention_mask", "token_type_ids", "task_ids")
+    inputs = {name: features[name] for name in names if name in features}
     routed = st[0].auto_model(**inputs).task_ids.tolist()
     assert routed == expected
 
@@ -122,7 +153,6 @@ def test_a_prefix_routes_only_folder_reads_the_text_alone(routes_only_dir, mote_
     assert cosines(fed, plain[:1]).max() < 0.9999  # it does read the prefix
 
 
-GRAPH_CASES = [case for case in CASES if "task" not in case[1]]  # a client sends text; `task_ids`: test_export_onnx
 
 
 def graph_runs(folder):
@@ -157,8 +187,9 @@ def graph_runs(folder):
 def check_graphs(source, exported):
     st = SentenceTransformer(str(source), trust_remote_code=True)
     tasks = st[0].auto_model.config.tasks
-    texts = [sent(st, text, call) for text, call, _ in GRAPH_CASES]
-    expected = [tasks.index(task) for _, _, task in GRAPH_CASES]
+    graph_cases = [case for case in cases_of(source) if "task" not in case[1]]
+    texts = [sent(st, text, call) for text, call, _ in graph_cases]
+    expected = [tasks.index(task) for _, _, task in graph_cases]
     reference = np.stack([st.encode([text])[0] for text in texts])
     for name, run in graph_runs(exported):
         batches = [(texts, expected), *[([text], [task]) for text, task in zip(texts[:3], expected, strict=False)]]
@@ -171,6 +202,18 @@ def check_graphs(source, exported):
 
 def test_the_exported_graphs_route_and_embed_as_sentence_transformers(trained_mote, mote_onnx):
     check_graphs(trained_mote, mote_onnx)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base", ["mpnet", "modernbert"])
+def test_the_exported_graphs_of_every_base_route_and_embed_as_sentence_transformers(
+    base, base_folders, tmp_path_factory
+):
+    from conftest import INT8, export_onnx_folder
+
+    trained = tmp_path_factory.mktemp("routing") / f"{base}-trained"
+    save_trained_copy(base_folders(base), trained, seed=11)
+    check_graphs(trained, export_onnx_folder(tmp_path_factory, trained, **INT8))
 
 
 @pytest.mark.slow
