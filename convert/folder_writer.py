@@ -33,6 +33,9 @@ from moe_embed.modeling.st_folder import write_model_config, write_module_config
 
 # tokenizer settings that describe one load (transformers adds them), not the folder
 LOAD_TIME_SETTINGS = ("is_local", "local_files_only")
+# transformers 5 saves a tokenizer of no model-specific class (ModernBERT's) as `TokenizersBackend`, a name 4.x and
+# other readers of `tokenizer_config.json` do not know; `PreTrainedTokenizerFast` is the same class in every version
+PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
 
 
 def write_model_folder(
@@ -120,6 +123,8 @@ def save_tokenizer(tokenizer, target: Path, client_length: int | None = None) ->
         for path in saved:
             if path.name == "tokenizer_config.json":
                 settings = {k: v for k, v in read_json(path).items() if k not in LOAD_TIME_SETTINGS}
+                if settings.get("tokenizer_class") in PORTABLE_TOKENIZER_CLASSES:
+                    settings["tokenizer_class"] = PORTABLE_TOKENIZER_CLASSES[settings["tokenizer_class"]]
                 if client_length is not None:
                     sides = {"padding_side": "right", "truncation_side": "right"}
                     settings.update(model_max_length=client_length, max_length=client_length, **sides)

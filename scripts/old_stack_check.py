@@ -4,12 +4,12 @@ embeddings on the oldest supported one (transformers 4.57, sentence-transformers
     .venv/bin/python scripts/old_stack_check.py make DIR            # new stack: folders + expected outputs
     .venv-oldstack/bin/python scripts/old_stack_check.py check DIR  # old stack: load them, compare
 
-`make` upcycles the bundled MiniLM to MoTE (experts perturbed, so that routing shows), to the token-routed
-MoE (expert noise) and to CoMoE (LoRA B perturbed), saves the MoTE folder again through
-sentence-transformers 6 as training does (made portable as training makes it), and saves every case's
-output in `DIR/expected.json`.
+`make` upcycles the bundled MiniLM, and the tests' tiny MPNet and ModernBERT, to MoTE (experts perturbed, so that
+routing shows), to the token-routed MoE (expert noise) and to CoMoE (LoRA B perturbed), saves the MiniLM MoTE
+folder again through sentence-transformers 6 as training does (made portable as training makes it), and saves
+every case's output in `DIR/expected.json`.
 `check` runs where this repository is not importable (the folders carry their code), computes the same
-cases and exits 1 when any differs by more than 1e-5. `make` also exports the MoTE folder to ONNX (`mote-onnx`),
+cases and exits 1 when any differs by more than 1e-5. `make` also exports the MoTE folders to ONNX (`*-onnx`),
 which `check` loads with sentence-transformers' ONNX backend and optimum's `ORTModelForFeatureExtraction`
 (optimum-onnx requires transformers < 4.58, so only this stack has them), within 1e-4 of `encode` on the new
 stack. `scripts/test_old_stack.sh` runs both.
@@ -24,6 +24,11 @@ from pathlib import Path
 # folder -> model family; `mote-resaved` is the MoTE folder saved again by sentence-transformers 6, as
 # training saves its output, then made portable by `moe_embed.modeling.st_folder.write_portable_module_files`
 FOLDERS = {"mote": "mote", "moe": "moe", "comoe": "comoe", "mote-resaved": "mote"}
+# the bases beyond BERT that transformers 4.57 has, upcycled from the tiny folders of the tests
+BASES = {"mpnet": "tests/data/tiny-mpnet", "modernbert": "tests/data/tiny-modernbert"}
+FOLDERS.update({f"{base}-{family}": family for base in BASES for family in ("mote", "moe", "comoe")})
+# the exported folders the old stack's ONNX loaders read (sentence-transformers' backend, optimum)
+ONNX_FOLDERS = ("mote-onnx", "mpnet-mote-onnx", "modernbert-mote-onnx")
 TEXTS = ["who was isaac newton?", "Stocks fell sharply on Wall Street today after the announcement."]
 # MoTE and CoMoE are bit-identical; the MoE differs in the last bits because transformers 5 runs its experts
 # with `grouped_mm` by default and 4.x, which has no experts backends, with the eager loop.
@@ -45,7 +50,10 @@ def onnx_cases(folder: Path) -> dict[str, list]:
     model = ORTModelForFeatureExtraction.from_pretrained(str(folder), subfolder="onnx", file_name="model.onnx")
     batch = AutoTokenizer.from_pretrained(str(folder))(ONNX_TEXTS, padding=True, return_tensors="pt")
     mask = batch["attention_mask"].unsqueeze(-1).float()
-    pooled = (model(**batch).last_hidden_state * mask).sum(1) / mask.sum(1)
+    hidden = model(**batch).last_hidden_state
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    cls = pooling.get("pooling_mode_cls_token") or pooling.get("pooling_mode") == "cls"  # 5.x's form, 6.x's
+    pooled = hidden[:, 0] if cls else (hidden * mask).sum(1) / mask.sum(1)
     optimum = torch.nn.functional.normalize(pooled, dim=-1)
     return {"sentence-transformers backend=onnx": st.encode(ONNX_TEXTS).tolist(), "optimum": optimum.tolist()}
 
@@ -81,12 +89,15 @@ def make(out: Path) -> None:
     from moe_embed.convert.options import upcycle_options
     from moe_embed.convert.upcycle import upcycle
 
-    upcycle(upcycle_options(output=out / "mote"))
-    upcycle(upcycle_options(output=out / "moe", arch="moe", expert_noise=0.02))
-    upcycle(upcycle_options(output=out / "comoe", arch="comoe"))
+    repo = Path(__file__).resolve().parent.parent
+    for prefix, base in [("", None), *((f"{name}-", str(repo / path)) for name, path in BASES.items())]:
+        upcycle(upcycle_options(base=base, output=out / f"{prefix}mote"))
+        upcycle(upcycle_options(base=base, output=out / f"{prefix}moe", arch="moe", expert_noise=0.02))
+        upcycle(upcycle_options(base=base, output=out / f"{prefix}comoe", arch="comoe"))
     generator = torch.Generator().manual_seed(0)
-    for family in ("mote", "comoe"):  # make the experts differ, as training would, in the converter's folder
-        path = out / family / "model.safetensors"
+    perturbed = [name for name, family in FOLDERS.items() if family in ("mote", "comoe") and "resaved" not in name]
+    for name in perturbed:  # make the experts differ, as training would, in the converter's folder
+        path = out / name / "model.safetensors"
         state = load_file(str(path))
         for name, tensor in state.items():
             if ".experts." in name or "lora_B" in name:
@@ -101,9 +112,11 @@ def make(out: Path) -> None:
     expected = {name: cases(out / name, family) for name, family in FOLDERS.items()}
     from moe_embed.convert.export_onnx import ExportOptions, export_onnx
 
-    export_onnx(ExportOptions(model_dir=out / "mote", output=out / "mote-onnx"))
-    reference = SentenceTransformer(str(out / "mote"), trust_remote_code=True).encode(ONNX_TEXTS).tolist()
-    expected["mote-onnx"] = {case: reference for case in ("sentence-transformers backend=onnx", "optimum")}
+    for name in ONNX_FOLDERS:
+        source = out / name.removesuffix("-onnx")
+        export_onnx(ExportOptions(model_dir=source, output=out / name))
+        reference = SentenceTransformer(str(source), trust_remote_code=True).encode(ONNX_TEXTS).tolist()
+        expected[name] = {case: reference for case in ("sentence-transformers backend=onnx", "optimum")}
     (out / "expected.json").write_text(json.dumps(expected))
 
 
@@ -119,7 +132,7 @@ def check(out: Path) -> int:
     )
     failed = False
     for name, outputs in expected.items():
-        onnx = name == "mote-onnx"
+        onnx = name in ONNX_FOLDERS
         got = onnx_cases(out / name) if onnx else cases(out / name, FOLDERS[name])
         tolerance = ONNX_TOLERANCE if onnx else TOLERANCE
         for case, values in outputs.items():

@@ -386,3 +386,14 @@ def test_all_mpnet_base_v2_upcycles_to_its_own_function(arch, mpnet_path, tmp_pa
         hidden_states(dense[0].auto_model, tokenizer, TEXTS),
     )
     assert (got - want)[mask].abs().max() <= 1e-5
+
+
+def test_a_tokenizer_saved_for_clients_names_a_class_every_transformers_has(tmp_path):
+    """transformers 5 saves ModernBERT's tokenizer (no class of its own) as `TokenizersBackend`, which transformers
+    4.x cannot load; a folder written for clients (an ONNX export) names `PreTrainedTokenizerFast`."""
+    from moe_embed.convert.folder_writer import save_tokenizer
+
+    save_tokenizer(AutoTokenizer.from_pretrained(dense_folder("modernbert")), tmp_path, client_length=64)
+    settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert settings["tokenizer_class"] == "PreTrainedTokenizerFast" and settings["model_max_length"] == 64
+    assert AutoTokenizer.from_pretrained(str(tmp_path))("cats")["input_ids"][0] == 1  # [CLS] first

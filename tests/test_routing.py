@@ -153,8 +153,6 @@ def test_a_prefix_routes_only_folder_reads_the_text_alone(routes_only_dir, mote_
     assert cosines(fed, plain[:1]).max() < 0.9999  # it does read the prefix
 
 
-
-
 def graph_runs(folder):
     """`(name, run)` of each graph a client may load from an exported folder: onnxruntime fp32 and int8, OpenVINO
     fp32 and its own int8; `run(feed)` gives the outputs by name."""
