@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The client matrix of docs/clients.md: build the clients' environments (.venv-clients: LangChain, LlamaIndex,
 # Chroma, txtai, Haystack, fastembed, mteb; .venv-clients-infinity: Infinity, whose pins conflict with the
-# others), make a MoTE folder whose experts differ, a token-routed MoE folder and their ONNX exports with this
+# others), make MoTE folders whose experts differ (a BERT and an MPNet base), a token-routed MoE folder and their ONNX exports with this
 # project's .venv (scripts/clients/make_folders.py), then run every client snippet of docs/clients.md in its
 # environment, from outside the repository (scripts/clients/check_clients.py): queries must reach the query
 # expert and documents the document expert, as sentence-transformers' encode_query / encode_document do; and
@@ -16,9 +16,9 @@ TORCH=${MOE_EMBED_TORCH:-torch==2.13.0}
 
 # The environments are built once per version of this script (its pins) in a cache outside the repository
 # ($MOE_EMBED_VENV_CACHE, default ~/.cache/moe-embed), as CI systems cache them, and linked as .venv-clients*: a
-# fresh clone reuses them instead of installing ~2 GB again; a change of pins builds new ones.
+# fresh clone reuses them instead of installing ~2 GB again; a change of pins (the install lines) builds new ones.
 cache=${MOE_EMBED_VENV_CACHE:-$HOME/.cache/moe-embed}
-key=$(sha256sum "$repo/scripts/test_clients.sh" | cut -c1-12)
+key=$(grep -E "pip install|^TORCH=" "$repo/scripts/test_clients.sh" | sha256sum | cut -c1-12)  # the pins alone
 venv() {  # venv NAME: create it if missing, torch first (a CPU wheel; unpinned it would pull a CUDA build)
   if [ ! -x "$cache/$1-$key/bin/python" ]; then
     mkdir -p "$cache"
@@ -53,8 +53,10 @@ status=0
 # this machine cannot reach; its CPU binaries ship in the npm package)
 (cd scripts/clients/js && ONNXRUNTIME_NODE_INSTALL=skip ONNXRUNTIME_NODE_INSTALL_CUDA=skip \
   npm install --no-audit --no-fund --loglevel=error)
-node scripts/clients/js/check.mjs "$work/folders/mote-onnx" "$work/folders/mote-onnx.reference.json" \
-  --int8-file onnx/model_qint8_avx512_vnni.onnx || status=1
+for name in mote mpnet-mote; do
+  node scripts/clients/js/check.mjs "$work/folders/$name-onnx" "$work/folders/$name-onnx.reference.json" \
+    --int8-file onnx/model_qint8_avx512_vnni.onnx || status=1
+done
 node scripts/clients/js/check.mjs "$work/folders/moe-onnx" "$work/folders/moe-onnx.reference.json" || status=1
 mkdir "$work/run"
 # run from outside the repository, so that only the code inside the folders can be imported

@@ -2,12 +2,13 @@
 
     python check_clients.py FOLDERS [--docs docs/clients.md] [--clients langchain,llamaindex,...]
 
-FOLDERS is what scripts/clients/make_folders.py wrote (mote, moe, mote-onnx, moe-onnx, expected.json). Each
+FOLDERS is what scripts/clients/make_folders.py wrote (mote, mpnet-mote, moe, their -onnx exports,
+expected.json). Each
 ```python block of the page that follows a `<!-- client: NAME | package: DIST | call: CALL -->` line is run
 as written, once per folder, with its `MODEL = ...` line pointing at the folder (`...-onnx` at the ONNX export)
 and its `QUERIES = ...` / `DOCUMENTS = ...` lines at the texts of expected.json. The snippet leaves `queries`
 and `documents` (lists of vectors), which must agree with `encode_query(QUERIES)` / `encode_document(DOCUMENTS)`
-on the same folder: 1 - cosine <= 1e-4 per row. On the MoTE folder the experts differ, so a query routed to any
+on the same folder: 1 - cosine <= 1e-4 per row. On the MoTE folders the experts differ, so a query routed to any
 other expert than the query expert (or a document to any but the document expert) is far off (see the wrong-route
 distances expected.json records).
 
@@ -152,10 +153,11 @@ def main(argv=None) -> int:
     if missing:
         print(f"FAIL: no snippet in {args.docs} for {', '.join(missing)}")
         return 1
-    wrong = expected["folders"]["mote"].get("wrong_routes", {})
-    if wrong and min(wrong.values()) <= 100 * TOLERANCE:
-        print(f"FAIL: the MoTE folder's experts are too close for a wrong route to show: {wrong}")
-        return 1
+    for family, entry in expected["folders"].items():
+        wrong = entry.get("wrong_routes", {})
+        if wrong and min(wrong.values()) <= 100 * TOLERANCE:
+            print(f"FAIL: the {family} folder's experts are too close for a wrong route to show: {wrong}")
+            return 1
     failed = 0
     for snippet in found:
         if snippet["name"] not in wanted:

@@ -5,8 +5,9 @@
 writes, with this project's own stack (.venv):
     OUT/mote       a MoTE folder (tests/data/tiny-minilm upcycled) whose experts are perturbed so that they differ:
                    a query reaching any other expert than the query expert gives another vector
+    OUT/mpnet-mote the same of an MPNet base (tests/data/tiny-mpnet)
     OUT/moe        the token-routed MoE folder (upcycled, experts kept)
-    OUT/mote-onnx  OUT/moe-onnx: their ONNX exports (`moe-embed export`; MoTE's with its int8 graph), for fastembed
+    OUT/<name>-onnx  their ONNX exports (`moe-embed export`; the MoTEs' with their int8 graph), for fastembed
                    and transformers.js; OUT/<name>-onnx.reference.json: texts (prefixed and plain) and what
                    sentence-transformers' `encode` gives for them, for scripts/clients/js/check.mjs
     OUT/expected.json  the texts, and per folder what sentence-transformers gives: `encode_query(QUERIES)`,
@@ -26,6 +27,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+# the MoTE folders, by the tiny dense base (tests/data) each is upcycled from
+MOTE_FOLDERS = {"mote": "tiny-minilm", "mpnet-mote": "tiny-mpnet"}
 QUERIES = ["how do plants make food", "who wrote the laws of motion", "cats"]
 DOCUMENTS = [
     "Photosynthesis converts light, water and carbon dioxide into sugar and oxygen in the leaves of plants.",
@@ -60,19 +63,20 @@ def main(out: Path) -> None:
     from moe_embed.modeling.st_folder import write_portable_module_files
 
     out.mkdir(parents=True, exist_ok=True)
-    base = str(REPO / "tests" / "data" / "tiny-minilm")
-    with tempfile.TemporaryDirectory() as work:
-        cli("upcycle", "--base", base, "--output", f"{work}/mote")
-        save_trained_copy(f"{work}/mote", out / "mote", seed=5)  # experts perturbed: a wrong route shows
-    # `save` on sentence-transformers 6 names its modules by their 6.x paths; the package's own rewrite keeps the
-    # folder loadable on 5.x (Infinity's environment) as the CLI's folders are
-    write_portable_module_files(out / "mote")
-    cli("upcycle", "--base", base, "--arch", "moe", "--output", str(out / "moe"))
-    cli("export", str(out / "mote"), "--output", str(out / "mote-onnx"), "--quantize", "int8", "--overwrite")
+    data = REPO / "tests" / "data"
+    for name, base in MOTE_FOLDERS.items():
+        with tempfile.TemporaryDirectory() as work:
+            cli("upcycle", "--base", str(data / base), "--output", f"{work}/mote")
+            save_trained_copy(f"{work}/mote", out / name, seed=5)  # experts perturbed: a wrong route shows
+        # `save` on sentence-transformers 6 names its modules by their 6.x paths; the package's own rewrite keeps
+        # the folder loadable on 5.x (Infinity's environment) as the CLI's folders are
+        write_portable_module_files(out / name)
+        cli("export", str(out / name), "--output", str(out / f"{name}-onnx"), "--quantize", "int8", "--overwrite")
+    cli("upcycle", "--base", str(data / "tiny-minilm"), "--arch", "moe", "--output", str(out / "moe"))
     cli("export", str(out / "moe"), "--output", str(out / "moe-onnx"), "--overwrite")
 
     expected = {"queries_text": QUERIES, "documents_text": DOCUMENTS, "folders": {}}
-    for name in ("mote", "moe"):
+    for name in (*MOTE_FOLDERS, "moe"):
         st = SentenceTransformer(str(out / name), trust_remote_code=True)
         texts = [st.prompts.get("query", "") + QUERIES[0], *QUERIES[1:], st.prompts.get("document", "") + DOCUMENTS[0]]
         reference = {"texts": texts, "embeddings": st.encode(texts).tolist()}
@@ -80,7 +84,7 @@ def main(out: Path) -> None:
         queries = st.encode_query(QUERIES)
         documents = st.encode_document(DOCUMENTS)
         entry = {"queries": queries.tolist(), "documents": documents.tolist()}
-        if name == "mote":
+        if name in MOTE_FOLDERS:
             # what a query gives at the wrong expert, with the very same tokens ("search_query: " + text):
             # the document expert (task="document"), and the text sent with no prefix (the default expert)
             prompt = st.prompts["query"]
@@ -97,9 +101,10 @@ def main(out: Path) -> None:
             entry["wrong_routes"] = {k: min_one_minus_cos(v, right[k]) for k, v in wrong.items()}
         expected["folders"][name] = entry
     (out / "expected.json").write_text(json.dumps(expected))
-    print(f"folders in {out}: mote, moe, mote-onnx, moe-onnx; expected.json")
-    for k, v in expected["folders"]["mote"]["wrong_routes"].items():
-        print(f"  a wrong route ({k}): min 1-cos {v:.2e}")
+    print(f"folders in {out}: {', '.join(expected['folders'])} and their -onnx exports; expected.json")
+    for name in MOTE_FOLDERS:
+        for k, v in expected["folders"][name]["wrong_routes"].items():
+            print(f"  {name}: a wrong route ({k}): min 1-cos {v:.2e}")
 
 
 if __name__ == "__main__":
