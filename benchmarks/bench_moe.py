@@ -1,11 +1,12 @@
-"""Encode throughput of the dense MiniLM against the upcycled token-routed MoE, in the same run.
+"""Encode throughput of a dense base (the bundled MiniLM unless `--base`) against the upcycled token-routed MoE, in
+the same run.
 
     python -m benchmarks.bench_moe                       # batch 1, 32, 128 x 16 and 256 tokens
     python -m benchmarks.bench_moe --batch-sizes 32 --seq-lens 16 --repeats 3
 
-The MoE is the bundled MiniLM upcycled with the converter's defaults for `--arch moe` (8 experts,
+The MoE is the base upcycled with the converter's defaults for `--arch moe` (8 experts,
 top-2, every other layer, normal router init). For each shape the script times forward passes
-(no grad, fp32) of transformers' dense `BertModel` and of the MoE under each experts
+(no grad, fp32) of the base in transformers' own class and of the MoE under each experts
 implementation, in interleaved rounds, and prints the median sequences/s, the measured ratio
 MoE/dense and the FLOP-bound ratio computed from the shapes (dense FLOPs / MoE FLOPs: what the
 ratio would be if both ran at the same FLOP rate). Target: the best implementation within 10% of
@@ -22,9 +23,8 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModel
 
-from benchmarks.common import dense_base, prepare, random_ids, time_forward, timing_parser
+from benchmarks.common import attention_of, dense_base, load_dense, prepare, random_ids, time_forward, timing_parser
 from moe_embed.convert.options import upcycle_options
 from moe_embed.convert.upcycle import upcycle
 from moe_embed.errors import run_cli
@@ -38,7 +38,7 @@ def layer_flops(config, seq_len: int, ffn_multiplier: float, router: bool) -> fl
     """Multiply-add FLOPs per token of one encoder layer (x2 for multiply and add)."""
     h, i = config.hidden_size, config.intermediate_size
     attention = 4 * h * h + 2 * seq_len * h  # q, k, v, o projections; scores and weighted sum
-    ffn = 2 * h * i * ffn_multiplier
+    ffn = (3 if config.gated_mlp else 2) * h * i * ffn_multiplier  # a gated block's first projection is 2I wide
     return 2 * (attention + ffn + (h * config.num_local_experts if router else 0))
 
 
@@ -62,17 +62,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batched-mm-max-gb", type=float, default=2.0, help="skip batched_mm above this memory")
     args = parse(parser, argv)
 
-    dense = AutoModel.from_pretrained(dense_base(args), attn_implementation="sdpa").eval()
+    dense = load_dense(dense_base(args))
+    attention = attention_of(dense)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model
         if folder is None:
             folder = str(Path(tmp) / "moe")
             upcycle(upcycle_options(output=folder, base=args.base, arch="moe"))
-        moe = MoeBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+        moe = MoeBertModel.from_pretrained(folder, attn_implementation=attention).eval()
     config = moe.config
 
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, sdpa; "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, {type(dense).__name__} and the MoE "
+        f"with {attention} attention; "
         f"{config.num_local_experts} experts, "
         f"top-{config.num_experts_per_tok}, MoE layers {config.moe_layers}; median of {args.repeats} rounds"
     )

@@ -1,13 +1,15 @@
-"""Encode throughput of the dense MiniLM against the upcycled MoTE, measured in the same run.
+"""Encode throughput of a dense base (the bundled MiniLM unless `--base`) against the upcycled MoTE, measured in the
+same run.
 
     python -m benchmarks.bench_mote                      # batch 1, 32, 128 x 16 and 256 tokens
     python -m benchmarks.bench_mote --batch-sizes 32 --seq-lens 16 --repeats 5
+    python -m benchmarks.bench_mote --base "$(python scripts/fetch_mpnet.py)"   # all-mpnet-base-v2
 
-For each shape it times forward passes (no grad, fp32) of transformers' `BertModel` (the dense
-baseline), MoTE on a single-task batch, and MoTE on a mixed-task batch (rows cycling through the
-four tasks). Inputs start with the task prefixes, so MoTE routes by prefix detection, as in use.
-Models are timed in interleaved rounds; the table shows the median sequences/s of each and the
-ratio MoTE/dense. Targets: single-task >= 0.97, mixed >= 0.90.
+For each shape it times forward passes (no grad, fp32) of the base in transformers' own class (`BertModel`,
+`MPNetModel`, `ModernBertModel`: the dense baseline, with its default attention, which MoTE then runs too), MoTE on
+a single-task batch, and MoTE on a mixed-task batch (rows cycling through the four tasks). Inputs start with the
+task prefixes, so MoTE routes by prefix detection, as in use. Models are timed in interleaved rounds; the table
+shows the median sequences/s of each and the ratio MoTE/dense. Targets: single-task >= 0.97, mixed >= 0.90.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModel
 
-from benchmarks.common import dense_base, prepare, random_ids, time_forward, timing_parser
+from benchmarks.common import attention_of, dense_base, load_dense, prepare, random_ids, time_forward, timing_parser
 from moe_embed.convert.options import upcycle_options
 from moe_embed.convert.upcycle import upcycle
 from moe_embed.errors import run_cli
@@ -42,17 +43,20 @@ def make_batch(prefix_ids: list[list[int]], batch_size: int, seq_len: int, vocab
 def main(argv: list[str] | None = None) -> None:
     args = parse(timing_parser(__doc__, "an upcycled MoTE folder (default: upcycle the bundled MiniLM)"), argv)
 
-    dense_path = dense_base(args)
-    dense = AutoModel.from_pretrained(dense_path, attn_implementation="sdpa").eval()
+    dense = load_dense(dense_base(args))
+    attention = attention_of(dense)
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model
         if folder is None:
             folder = str(Path(tmp) / "mote")
             upcycle(upcycle_options(output=folder, base=args.base, verify=False))
-        mote = MoteBertModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+        mote = MoteBertModel.from_pretrained(folder, attn_implementation=attention).eval()
     prefix_ids = [mote.config.task_prefix_ids[t] for t in mote.config.tasks]
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, sdpa; median of {args.repeats} rounds")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, {type(dense).__name__} and MoTE with "
+        f"{attention} attention; median of {args.repeats} rounds"
+    )
     print("| batch | tokens | dense seq/s | MoTE single seq/s | ratio | MoTE mixed seq/s | ratio |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     generator = torch.Generator().manual_seed(0)

@@ -28,6 +28,20 @@ def dense_base(args) -> str:
     return args.base or bundled_minilm_path()
 
 
+def load_dense(path: str):
+    """The dense model of a base in transformers' own class, with the attention transformers gives it by default
+    (sdpa where the class supports it; MPNet's is eager only), in eval mode."""
+    from transformers import AutoModel
+
+    return AutoModel.from_pretrained(path).eval()
+
+
+def attention_of(model) -> str:
+    """The attention implementation a model runs (`sdpa`, `eager`): the expert models are timed with their dense
+    model's, so that a ratio measures the experts and not the attention kernel."""
+    return model.config._attn_implementation
+
+
 def random_ids(vocab_size: int, batch_size: int, seq_len: int, generator: torch.Generator) -> torch.Tensor:
     """`(batch_size, seq_len)` random token ids past BERT's special and unused ids (a small vocabulary: its upper
     half)."""

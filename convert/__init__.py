@@ -1,8 +1,9 @@
 """The converters: each a command (`moe-embed NAME`, or `python convert/<file>.py`) over a typed function.
 
-- `upcycle.py` (`upcycle`, over `MoteOptions`, `MoeOptions`, `CoMoeOptions`): a dense BERT-style checkpoint -> a
-  MoTE, token-routed MoE or CoMoE folder, checked to compute the dense model's function where the architecture
-  allows it; the work is in `builders.py`, the MoTE task prefixes in `task_prefixes.py`.
+- `upcycle.py` (`upcycle`, over `MoteOptions`, `MoeOptions`, `CoMoeOptions`): a dense BERT, RoBERTa, XLM-R,
+  MPNet or ModernBERT checkpoint (the bases: `bases.py`) -> a MoTE, token-routed MoE or CoMoE folder, checked to
+  compute the dense model's function where the architecture allows it; the work is in `builders.py`, the MoTE task
+  prefixes in `task_prefixes.py`.
 - `merge_experts.py` (`MergeOptions`, `merge`): an expert folder -> a plain dense transformers model (Expert
   Averaging, one task's experts, CoMoE folded into its base); the work is in `merging.py`.
 - `extract_adapter.py`: the adapter-only form of a CoMoE folder, naming its base model.

@@ -97,16 +97,31 @@ def quantize_checked(folder: Path, fp32_runner, st, client, min_cosine: float, v
     """Write the int8 graphs beside the fp32 one (`fp32_runner`: its session): onnxruntime's for each CPU family of
     `variants`, and OpenVINO's where the `openvino` extra is installed; refuse when a row's cosine to fp32 is below
     the bound."""
-    from moe_embed.convert.onnx_int8 import INT8_VARIANTS, agreement_texts, write_variants
+    import tempfile
+
+    from moe_embed.convert.onnx_int8 import Int8Fit
 
     logger.info("quantising to int8 for %s", ", ".join(variants))
-    graphs = write_variants(folder / GRAPH_FILE, variants)
+    with tempfile.TemporaryDirectory(prefix="int8-") as scratch:
+        fit = Int8Fit(folder / GRAPH_FILE, Path(scratch), calibration_halves(fp32_runner, st, client, min_cosine))
+        result = onnxruntime_quantized(folder, fit, fp32_runner, st, client, min_cosine, variants)
+        openvino = openvino_quantized(folder, fit, client, st, result.pop("reference"), min_cosine)
+    return {**result, "openvino": openvino} if openvino else result
+
+
+def onnxruntime_quantized(folder: Path, fit, fp32_runner, st, client, min_cosine: float, variants: list[str]) -> dict:
+    """onnxruntime's int8 graph of each of `variants`, fitted by `fit` (`onnx_int8.Int8Fit`), with its agreement
+    on the agreement texts; `reference`: their fp32 embeddings, for OpenVINO's."""
+    from moe_embed.convert.onnx_int8 import INT8_VARIANTS, agreement_texts, write_variants
+
+    graphs = write_variants(fit, variants)
     texts = agreement_texts(st.prompts or {})
     fp32 = embed(fp32_runner, client, texts)
     by_file = {}
-    for first, files in graphs.items():  # one agreement per distinct graph: the files of a setting are one graph
+    for first, written in graphs.items():  # one agreement per distinct graph: the files of a setting are one graph
         quantized = embed(session(folder / "onnx" / first), client, texts)
-        by_file.update(dict.fromkeys(files, int8_agreement(f"onnx/{first}", quantized, fp32, min_cosine)))
+        agreement = {**int8_agreement(f"onnx/{first}", quantized, fp32, min_cosine), **written["fit"]}
+        by_file.update(dict.fromkeys(written["files"], agreement))
     result = {"texts": len(texts), "variants": {}}
     for name in variants:
         variant = INT8_VARIANTS[name]
@@ -117,13 +132,28 @@ def quantize_checked(folder: Path, fp32_runner, st, client, min_cosine: float, v
             "per_channel": variant.per_channel,
             "min_cosine": agreement["min_cosine"],
             "mean_cosine": agreement["mean_cosine"],
+            **{key: agreement[key] for key in ("smoothquant", "fp32_inputs", "inputs") if key in agreement},
         }
-    openvino = openvino_quantized(folder, fp32_runner, client, st, texts, fp32, min_cosine)
-    return {**result, "openvino": openvino} if openvino else result
+    return {**result, "reference": (texts, fp32)}
 
 
-def openvino_quantized(folder: Path, fp32_runner, client, st, texts, fp32, min_cosine: float) -> dict | None:
-    """OpenVINO's static int8 (`convert/openvino_int8.py`) with its agreement, or None without the extra."""
+def calibration_halves(fp32_runner, st, client, min_cosine: float):
+    """The calibration texts, halved (`onnx_int8.Calibration`): feeds of one half fit the int8 graph, the other
+    half, plain and behind every prompt, checks it."""
+    from moe_embed.convert.onnx_int8 import Calibration
+    from moe_embed.convert.openvino_int8 import ROUTED_TEXTS_PER_BATCH, calibration_feeds, calibration_texts
+
+    texts, prompts = calibration_texts(), st.prompts or {}
+    inputs = {entry.name for entry in fp32_runner.get_inputs()}
+    routed = st[0].auto_model.config.model_type in ("moe_bert", "comoe_bert")  # tokens pick the experts
+    feeds = calibration_feeds(client, prompts, inputs, ROUTED_TEXTS_PER_BATCH if routed else 2, texts[0::2])
+    check = [prompt + text for prompt in dict.fromkeys(["", *prompts.values()]) for text in texts[1::2]]
+    return Calibration(feeds, check, client, min_cosine)
+
+
+def openvino_quantized(folder: Path, fit, client, st, reference, min_cosine: float) -> dict | None:
+    """OpenVINO's static int8 (`convert/openvino_int8.py`) of the graph `fit` gives it (`Int8Fit.openvino_source`),
+    with its agreement to the fp32 embeddings `reference` (`(texts, embeddings)`), or None without the extra."""
     from moe_embed.convert import cpu_graph, openvino_int8
 
     if not openvino_int8.available():
@@ -131,7 +161,9 @@ def openvino_quantized(folder: Path, fp32_runner, client, st, texts, fp32, min_c
         return None
     logger.info("quantising for OpenVINO with NNCF (%s)", openvino_int8.OPENVINO_INT8_FILE)
     xml = folder / openvino_int8.OPENVINO_INT8_FILE
-    openvino_int8.quantize_openvino(folder / GRAPH_FILE, xml, client, st.prompts or {})
+    source, kept_in_fp32 = fit.openvino_source()
+    openvino_int8.quantize_openvino(source, xml, client, st.prompts or {}, kept_in_fp32, smoothed=source != fit.fp32)
+    texts, fp32 = reference
     quantized = embed(openvino_int8.OpenVinoSession(xml), client, texts)
     family, flags = cpu_graph.cpu_family(), cpu_graph.cpu_flags()
     if not (family and family.openvino_int8):  # written for the CPUs it pays on; said where it does not

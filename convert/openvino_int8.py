@@ -47,16 +47,24 @@ def available() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("openvino", "nncf"))
 
 
-def calibration_feeds(client, prompts: dict[str, str], input_names: set[str], per_batch: int = 2) -> list[dict]:
-    """The calibration texts as client feeds (numpy, by input name): each batch holds `per_batch` texts, each
-    plain and behind every distinct prompt, so that every task expert gets rows in every batch (a statistic over
-    an expert's empty input is undefined and spoils its ranges)."""
-    from moe_embed.convert.onnx_graph import graph_inputs
-
+def calibration_texts() -> list[str]:
+    """The calibration texts (`calibration_texts.txt`) and four long texts made of them: activations over hundreds
+    of tokens reach ranges that sentences do not."""
     lines = CALIBRATION_TEXTS.read_text(encoding="utf-8").splitlines()
     texts = [line for line in lines if line.strip()]
-    # long inputs too: activations over hundreds of tokens reach ranges that sentences do not
-    texts += [" ".join(texts[start:] + texts[:start]) for start in range(0, len(texts), len(texts) // 4)]
+    return texts + [" ".join(texts[start:] + texts[:start]) for start in range(0, len(texts), len(texts) // 4)]
+
+
+def calibration_feeds(
+    client, prompts: dict[str, str], input_names: set[str], per_batch: int = 2, texts: list[str] | None = None
+) -> list[dict]:
+    """The calibration texts (`texts`: default all of `calibration_texts()`) as client feeds (numpy, by input
+    name): each batch holds `per_batch` texts, each plain and behind every distinct prompt, so that every task
+    expert gets rows in every batch (a statistic over an expert's empty input is undefined and spoils its
+    ranges)."""
+    from moe_embed.convert.onnx_graph import graph_inputs
+
+    texts = calibration_texts() if texts is None else texts
     variants = list(dict.fromkeys(["", *prompts.values()]))  # an empty prompt is the plain text
     feeds = []
     for start in range(0, len(texts), per_batch):
@@ -66,9 +74,12 @@ def calibration_feeds(client, prompts: dict[str, str], input_names: set[str], pe
     return feeds
 
 
-def quantize_openvino(fp32: Path, xml: Path, client, prompts: dict[str, str]) -> None:
+def quantize_openvino(
+    fp32: Path, xml: Path, client, prompts: dict[str, str], keep: list[str] = (), smoothed: bool = False
+) -> None:
     """Statically quantise the ONNX graph `fp32` with NNCF on the calibration texts (tokenized by `client`, behind
-    each of `prompts`) and save it as `xml` (+ `.bin`)."""
+    each of `prompts`), the nodes `keep` and the routers left in fp32, and save it as `xml` (+ `.bin`). A graph
+    whose activations are `smoothed` already (`onnx_smoothing.py`) is not smoothed again by NNCF."""
     import nncf
     import openvino
 
@@ -81,12 +92,18 @@ def quantize_openvino(fp32: Path, xml: Path, client, prompts: dict[str, str]) ->
     # its RuntimeWarnings are those of inputs without calibration data, handled below
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
+        ignored = [*routers, *keep]
         quantized = nncf.quantize(
             model,
             nncf.Dataset(feeds),
             model_type=nncf.ModelType.TRANSFORMER,
             subset_size=len(feeds),
-            ignored_scope=nncf.IgnoredScope(names=routers, validate=False) if routers else None,
+            ignored_scope=nncf.IgnoredScope(names=ignored, validate=False) if ignored else None,
+            advanced_parameters=nncf.AdvancedQuantizationParameters(
+                smooth_quant_alphas=nncf.AdvancedSmoothQuantParameters(matmul=-1)
+            )
+            if smoothed
+            else None,
         )
     for warning in caught:  # anything but NNCF's numeric warnings goes on as it came
         if not issubclass(warning.category, RuntimeWarning):

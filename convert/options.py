@@ -371,7 +371,7 @@ class ExportOptions(FolderOptions):
     model_dir: str | Path = option(
         required=True,
         positional=True,
-        help="MoTE, token-routed MoE, CoMoE or dense (bert, roberta, xlm-roberta) folder",
+        help="MoTE, token-routed MoE, CoMoE or dense (bert, roberta, xlm-roberta, mpnet, modernbert) folder",
     )
     task: str | None = option(help="MoTE: export only this task's experts, as a plain graph")
     task_ids_input: bool = option(False, help="MoTE: add a task_ids input (-1: the prompt decides)")

@@ -1,4 +1,4 @@
-"""Upcycle a dense BERT-style checkpoint into an expert model folder.
+"""Upcycle a dense encoder checkpoint (BERT, RoBERTa, XLM-R, MPNet, ModernBERT) into an expert model folder.
 
     moe-embed upcycle                                 # bundled all-MiniLM-L6-v2 -> models/mote-minilm
     moe-embed upcycle --base sentence-transformers/all-mpnet-base-v2 --expert-layers all

@@ -133,6 +133,14 @@ MODERNBERT_KEYS = KeyLayout(
     ),
     head_prefixes=("model.",),
 )
+# dense model_type -> its name in messages
+DENSE_NAMES = {
+    "bert": "BERT",
+    "roberta": "RoBERTa",
+    "xlm-roberta": "XLM-RoBERTa",
+    "mpnet": "MPNet",
+    "modernbert": "ModernBERT",
+}
 # dense model_type -> its key layout
 KEY_LAYOUTS = {
     "bert": BERT_KEYS,
@@ -143,4 +151,13 @@ KEY_LAYOUTS = {
 }
 
 
-__all__ = ["ENCODER_ROOTS", "Rename", "KeyLayout", "KEY_LAYOUTS", "BERT_KEYS", "MPNET_KEYS", "MODERNBERT_KEYS"]
+__all__ = [
+    "ENCODER_ROOTS",
+    "Rename",
+    "KeyLayout",
+    "KEY_LAYOUTS",
+    "DENSE_NAMES",
+    "BERT_KEYS",
+    "MPNET_KEYS",
+    "MODERNBERT_KEYS",
+]

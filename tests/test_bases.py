@@ -397,3 +397,14 @@ def test_a_tokenizer_saved_for_clients_names_a_class_every_transformers_has(tmp_
     settings = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert settings["tokenizer_class"] == "PreTrainedTokenizerFast" and settings["model_max_length"] == 64
     assert AutoTokenizer.from_pretrained(str(tmp_path))("cats")["input_ids"][0] == 1  # [CLS] first
+
+
+def test_every_base_is_named_once_in_each_table():
+    """The model types the converters upcycle (`convert/bases.py`), whose keys the model code can read
+    (`modeling/base_keys.py`) and which the tools accept as dense folders are one list."""
+    from moe_embed.convert.bases import BASE_OF
+    from moe_embed.folders import DENSE_MODELS
+    from moe_embed.modeling.base_keys import KEY_LAYOUTS
+
+    assert list(BASE_OF) == list(KEY_LAYOUTS) == list(DENSE_MODELS)
+    assert all(base.keys is KEY_LAYOUTS[model_type] for model_type, base in BASE_OF.items())

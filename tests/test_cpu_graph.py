@@ -152,6 +152,7 @@ def test_openvino_int8_export_says_where_it_is_slower_than_fp32(
     from moe_embed.convert import openvino_int8
     from moe_embed.convert.onnx_checks import openvino_quantized
     from moe_embed.convert.onnx_graph import embed, session
+    from moe_embed.convert.onnx_int8 import Int8Fit
 
     if not openvino_int8.available():
         pytest.skip("the openvino extra is not installed")
@@ -161,8 +162,9 @@ def test_openvino_int8_export_says_where_it_is_slower_than_fp32(
     client = Tokenizer.from_file(str(folder / "tokenizer.json"))
     texts = ["how do plants make energy?", "stocks fell"]
     fp32 = embed(session(folder / "onnx" / "model.onnx"), client, texts)
+    fit = Int8Fit(folder / "onnx" / "model.onnx", tmp_path)  # no calibration: the fp32 graph as it is
     with caplog.at_level(logging.WARNING, logger="moe_embed.convert.onnx_checks"):
-        agreement = openvino_quantized(folder, session(folder / "onnx" / "model.onnx"), client, st, texts, fp32, 0.9)
+        agreement = openvino_quantized(folder, fit, client, st, (texts, fp32), 0.9)
     assert agreement["min_cosine"] >= 0.9
     warned = [r.getMessage() for r in caplog.records if "slower than OpenVINO's fp32" in r.getMessage()]
     if family == "avx512_vnni":
