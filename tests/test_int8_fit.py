@@ -82,7 +82,8 @@ def test_smoothing_computes_what_the_graph_computed_and_evens_the_int8_inputs(tm
 @pytest.mark.slow
 def test_an_export_whose_plain_int8_misses_the_bound_is_fitted_to_it(tmp_path):
     """A tiny MPNet given outlier channels in its feed-forward activations (its up projections' rows for two
-    channels scaled up a thousandfold: plain int8 falls to cosine 0.84): plain int8 misses the export's bound, the fitted graph keeps it and says how it was made."""
+    channels scaled up a thousandfold): plain int8 misses the export's bound (cosine 0.84), the fitted graph keeps
+    it and says how it was made."""
     import shutil
 
     from conftest import TINY_BASES
