@@ -86,7 +86,7 @@ def build(family: str, work: Path, base: str) -> tuple[Path, torch.nn.Module]:
         graph = SentenceEmbeddingGraph(st[0].auto_model.eval(), list(st)[1:])
         if out.exists():
             return out, graph
-        out.mkdir()
+        out.mkdir(parents=True)
         client = write_folder_files(Path(base), out, st, st.max_seq_length)
         export_graph(graph, graph_inputs(client, ["an example", "two"]), out / GRAPH_FILE, None)
         quantize_checked(out, session(out / GRAPH_FILE), st, client, DEFAULT_MIN_COSINE, list(INT8_VARIANTS))

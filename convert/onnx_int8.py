@@ -122,10 +122,11 @@ class Calibration:
 
     @property
     def target(self) -> float:
-        """What every check row must keep: the bound with a margin of half the loss it allows, since texts neither
-        half holds fare worse (all-mpnet-base-v2, smoothed, every matmul int8: 0.972 on the check half, 0.906 on
-        the agreement texts)."""
-        return 1 - (1 - self.min_cosine) / 2
+        """What every check row must keep: the bound with a margin of two thirds of the loss it allows (0.99 for
+        0.97), since texts neither half holds fare worse (all-mpnet-base-v2 smoothed, every matmul int8: 0.972 on
+        the check half, 0.906 on the agreement texts; its MoTE with 10 of 84 inputs in fp32: 0.987 and 0.916, with
+        30: 0.994 and 0.996)."""
+        return 1 - (1 - self.min_cosine) / 3
 
 
 def write_variants(fit: Int8Fit, names: list[str]) -> dict[str, dict]:

@@ -51,15 +51,10 @@ def hidden_states(model, tokenizer, texts: list[str]) -> tuple[torch.Tensor, tor
         return model(**batch).last_hidden_state, batch["attention_mask"].bool()
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
-@pytest.mark.parametrize("base", BASES)
-def test_an_untrained_upcycled_base_is_its_dense_model(base, arch, base_folders):
-    """Through sentence-transformers (every prompt, and none) and `AutoModel` (every token of a padded batch), the
-    upcycled folder gives what transformers' own class of the base gives."""
-    folder = base_folders(base, arch, **ARCHS[arch])
-    config = json.loads((TINY_BASES.get(base, TINY_MODEL) / "config.json").read_text())
-    assert json.loads((Path(folder) / "config.json").read_text())["source_model_type"] == config["model_type"]
-    dense = SentenceTransformer(dense_folder(base), device="cpu")
+def assert_is_the_dense_model(folder: str, dense_path: str) -> None:
+    """Through sentence-transformers (every prompt of the folder, and none) and `AutoModel` (every token of a padded
+    batch, each prompt in front of one text), the folder gives what transformers' own class of the base gives."""
+    dense = SentenceTransformer(dense_path, device="cpu")
     st = SentenceTransformer(folder, trust_remote_code=True, device="cpu")
     for prefix in prefixes(st):
         texts = [prefix + text for text in TEXTS]
@@ -67,11 +62,22 @@ def test_an_untrained_upcycled_base_is_its_dense_model(base, arch, base_folders)
         assert (got - want).abs().max() <= 1e-5, prefix
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
-    reference = AutoModel.from_pretrained(dense_folder(base)).eval()
-    assert type(reference).__name__ == CLASSES[base]
     texts = [prefix + TEXTS[0] for prefix in prefixes(st)]
-    (got, mask), (want, _) = hidden_states(model, tokenizer, texts), hidden_states(reference, tokenizer, texts)
+    (got, mask), (want, _) = (
+        hidden_states(model, tokenizer, texts),
+        hidden_states(dense[0].auto_model, tokenizer, texts),
+    )
     assert (got - want)[mask].abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("base", BASES)
+def test_an_untrained_upcycled_base_is_its_dense_model(base, arch, base_folders):
+    folder = base_folders(base, arch, **ARCHS[arch])
+    config = json.loads((TINY_BASES.get(base, TINY_MODEL) / "config.json").read_text())
+    assert json.loads((Path(folder) / "config.json").read_text())["source_model_type"] == config["model_type"]
+    assert type(AutoModel.from_pretrained(dense_folder(base))).__name__ == CLASSES[base]
+    assert_is_the_dense_model(folder, dense_folder(base))
 
 
 ISOLATED = """
@@ -373,19 +379,7 @@ def test_all_mpnet_base_v2_upcycles_to_its_own_function(arch, mpnet_path, tmp_pa
     from moe_embed.convert.upcycle import upcycle
 
     folder = str(upcycle(upcycle_options(arch=arch, base=str(mpnet_path), output=tmp_path / arch, **ARCHS[arch])))
-    dense = SentenceTransformer(str(mpnet_path), device="cpu")
-    st = SentenceTransformer(folder, trust_remote_code=True, device="cpu")
-    for prefix in prefixes(st):
-        texts = [prefix + text for text in TEXTS]
-        got, want = st.encode(texts, convert_to_tensor=True), dense.encode(texts, convert_to_tensor=True)
-        assert (got - want).abs().max() <= 1e-5, prefix
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
-    (got, mask), (want, _) = (
-        hidden_states(model, tokenizer, TEXTS),
-        hidden_states(dense[0].auto_model, tokenizer, TEXTS),
-    )
-    assert (got - want)[mask].abs().max() <= 1e-5
+    assert_is_the_dense_model(folder, str(mpnet_path))
 
 
 def test_a_tokenizer_saved_for_clients_names_a_class_every_transformers_has(tmp_path):
@@ -408,3 +402,29 @@ def test_every_base_is_named_once_in_each_table():
 
     assert list(BASE_OF) == list(KEY_LAYOUTS) == list(DENSE_MODELS)
     assert all(base.keys is KEY_LAYOUTS[model_type] for model_type, base in BASE_OF.items())
+
+
+@pytest.mark.parametrize("base", BASES[1:])
+def test_a_plain_task_head_checkpoint_of_a_base_upcycles(base, tmp_path):
+    """A plain transformers folder of a masked-LM checkpoint (`MPNetForMaskedLM`, `ModernBertForMaskedLM`: the
+    encoder under `mpnet.` / `model.`, a head beside it; no Sentence-Transformers files), as the Hub's base
+    checkpoints are: the head is dropped, and the upcycled MoTE is the encoder transformers loads from it."""
+    from transformers import AutoModelForMaskedLM
+
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
+
+    plain = tmp_path / "plain"
+    masked = AutoModelForMaskedLM.from_config(AutoConfig.from_pretrained(dense_folder(base)))
+    masked.save_pretrained(str(plain))
+    AutoTokenizer.from_pretrained(dense_folder(base)).save_pretrained(str(plain))
+    assert not (plain / "modules.json").exists()
+    folder = str(upcycle(upcycle_options(base=str(plain), output=tmp_path / "mote")))
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    reference = AutoModel.from_pretrained(str(plain)).eval()  # the encoder of the masked-LM checkpoint
+    texts = ["search_query: " + TEXTS[0], TEXTS[1]]
+    (got, mask), (want, _) = hidden_states(model, tokenizer, texts), hidden_states(reference, tokenizer, texts)
+    assert (got - want)[mask].abs().max() <= 1e-5
+    st = SentenceTransformer(folder, trust_remote_code=True, device="cpu")  # mean pooling where the base had none
+    assert st.encode(texts).shape == (2, 32)
