@@ -133,14 +133,6 @@ MODERNBERT_KEYS = KeyLayout(
     ),
     head_prefixes=("model.",),
 )
-# dense model_type -> its name in messages
-DENSE_NAMES = {
-    "bert": "BERT",
-    "roberta": "RoBERTa",
-    "xlm-roberta": "XLM-RoBERTa",
-    "mpnet": "MPNet",
-    "modernbert": "ModernBERT",
-}
 # dense model_type -> its key layout
 KEY_LAYOUTS = {
     "bert": BERT_KEYS,
@@ -156,7 +148,6 @@ __all__ = [
     "Rename",
     "KeyLayout",
     "KEY_LAYOUTS",
-    "DENSE_NAMES",
     "BERT_KEYS",
     "MPNET_KEYS",
     "MODERNBERT_KEYS",

@@ -151,7 +151,18 @@ class CoMoeDefaults:
 MOE = MoeDefaults()
 COMOE = CoMoeDefaults()
 
+# The dense bases the converters upcycle (model_type -> its name in messages), in one order for every table of
+# bases (`base_keys.py`, `convert/bases.py`); readable without torch, as the command lines read it.
+DENSE_NAMES = {
+    "bert": "BERT",
+    "roberta": "RoBERTa",
+    "xlm-roberta": "XLM-RoBERTa",
+    "mpnet": "MPNet",
+    "modernbert": "ModernBERT",
+}
+
 __all__ = [
+    "DENSE_NAMES",
     "DEFAULT_TASK_PREFIXES",
     "TASK_TYPE_EXPERTS",
     "DEFAULT_TASK",

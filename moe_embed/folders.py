@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moe_embed.errors import UsageError
-from moe_embed.modeling.base_keys import DENSE_NAMES
+from moe_embed.modeling.defaults import DENSE_NAMES
 from moe_embed.modeling.manifest import ADAPTER_CONFIG_NAME, BASE_SHAPE_FIELDS
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")

@@ -399,8 +399,9 @@ def test_every_base_is_named_once_in_each_table():
     from moe_embed.convert.bases import BASE_OF
     from moe_embed.folders import DENSE_MODELS
     from moe_embed.modeling.base_keys import KEY_LAYOUTS
+    from moe_embed.modeling.defaults import DENSE_NAMES
 
-    assert list(BASE_OF) == list(KEY_LAYOUTS) == list(DENSE_MODELS)
+    assert list(BASE_OF) == list(KEY_LAYOUTS) == list(DENSE_MODELS) == list(DENSE_NAMES)
     assert all(base.keys is KEY_LAYOUTS[model_type] for model_type, base in BASE_OF.items())
 
 
