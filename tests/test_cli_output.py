@@ -32,6 +32,7 @@ SCRIPTS = [
     "benchmarks.ort_kernels",
     "benchmarks.expert_split",
     "benchmarks.session_rate",
+    "benchmarks.int8_same_check",
     "benchmarks.int8_graphs",
     "benchmarks.bench_train",
 ]
