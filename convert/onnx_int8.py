@@ -163,8 +163,9 @@ class Int8Fit:
     def __init__(self, fp32: Path, scratch: Path, calibration: Calibration | None = None):
         self.fp32, self.scratch, self.calibration = fp32, scratch, calibration
         self.smoothed, self.order, self.reference = None, None, None
-        self.kept_in_fp32: list[str] = []  # the matmuls a setting left in fp32, the most any setting left
-        self.kept_inputs = 0  # how many of the smoothed inputs (`order`) those are
+        # how many of the smoothed inputs (`order`, worst first) a setting left in fp32: the most any setting left,
+        # since each setting starts where the last one stopped
+        self.kept_inputs = 0
 
     def write(self, int8: Path, setting: tuple) -> dict:
         """Write `int8` with `setting` (weights, per_channel, reduce_range); how it was fitted."""
@@ -178,13 +179,11 @@ class Int8Fit:
         # every setting keeps at least what another kept: one measure of which inputs int8 cannot hold
         kept, step = self.kept_inputs, max(1, len(self.order) // 8)
         while True:
-            excluded = [node for name in self.order[:kept] for node in self.smoothed_nodes[name]]
             quantize(self.smoothed, int8, weights=weights, per_channel=per_channel, reduce_range=reduce_range,
-                     exclude=excluded)  # fmt: skip
+                     exclude=self.fp32_nodes(kept))  # fmt: skip
             if kept >= len(self.order) or self.holds(int8, self.calibration.target):
                 logger.info("int8 %s: activations smoothed, %d of %d matmul inputs in fp32", int8.name, kept,
                             len(self.order))  # fmt: skip
-                self.kept_in_fp32 = max(self.kept_in_fp32, excluded, key=len)
                 self.kept_inputs = kept
                 return {"smoothquant": True, "fp32_inputs": kept, "inputs": len(self.order)}
             kept = min(len(self.order), kept + step)
@@ -193,7 +192,11 @@ class Int8Fit:
         """`(graph, matmuls to keep in fp32)` for OpenVINO's int8: the smoothed graph and what onnxruntime's int8
         kept in fp32 where the fit smoothed (all-mpnet-base-v2's OpenVINO int8: cosine 0.927 from the fp32 graph
         with NNCF's own SmoothQuant, 0.978 from this), else the fp32 graph as it is."""
-        return (self.smoothed, self.kept_in_fp32) if self.smoothed is not None else (self.fp32, [])
+        return (self.smoothed, self.fp32_nodes(self.kept_inputs)) if self.smoothed is not None else (self.fp32, [])
+
+    def fp32_nodes(self, kept: int) -> list[str]:
+        """The matmul nodes of the first `kept` smoothed inputs (`order`), which stay fp32."""
+        return [node for name in self.order[:kept] for node in self.smoothed_nodes[name]]
 
     def holds(self, int8: Path, bound: float) -> bool:
         """Whether every check row of `int8` keeps `bound` against the fp32 graph."""
