@@ -9,6 +9,7 @@ about a base; the model code reads only the encoder fields it sets.
 | BERT | bert, roberta, xlm-roberta | absolute (RoBERTa's from the padding index + 1) | post-LN | MLP |
 | MPNet | mpnet | absolute, and a relative bias the layers share | post-LN | MLP |
 | ModernBERT | modernbert | rotary; local windows in 2 of 3 layers | pre-LN, a final norm | GLU, no biases |
+| NomicBERT | nomic_bert | rotary | post-LN | SwiGLU, no biases (v1, v1.5, nomic-bert-2048); MLP with biases (v2) |
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_embed.errors import UsageError
-from moe_embed.modeling.base_keys import BERT_KEYS, MODERNBERT_KEYS, MPNET_KEYS, KeyLayout
+from moe_embed.modeling.base_keys import BERT_KEYS, MODERNBERT_KEYS, MPNET_KEYS, NOMIC_BERT_KEYS, KeyLayout
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ class Base:
     keys: KeyLayout = BERT_KEYS
     pooler: bool = True  # its transformers class takes `add_pooling_layer`
     examples: tuple[str, ...] = ()
+    # the config transformers' class of the base needs for a checkpoint whose config.json it misreads (the Hub's
+    # NomicBERT configs), else None: transformers reads config.json itself
+    reference_config: Callable = staticmethod(lambda config: None)
 
     def to_ours(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The shared encoder's state dict of the base's checkpoint (`KeyLayout.to_ours`; the heads dropped are
@@ -209,7 +213,132 @@ MODERNBERT = Base(
     examples=("Alibaba-NLP/gte-modernbert-base", "nomic-ai/modernbert-embed-base", "answerdotai/ModernBERT-base"),
 )
 
-BASES = (BERT, MPNET, MODERNBERT)
+# NomicBERT's config comes in two namings: the Hub's checkpoints (contrastors' `NomicBertConfig`, GPT-2's field
+# names: `n_embd`, `activation_function`, bias and rotary switches), which transformers 5's `NomicBertConfig` does
+# not read (it takes them as unknown attributes and keeps its defaults), and transformers' own (`hidden_size`,
+# `rope_parameters`; a SwiGLU block without biases is all its `NomicBertModel` computes). The Hub's names are read
+# where present; exports write both, so that transformers, the Hub's remote code and the serving engines' converters
+# (llama.cpp's `convert_hf_to_gguf.py`, TEI, vLLM) read the same folder.
+NOMIC_GATED = {"swiglu": "silu", "geglu": "gelu", "glu": "sigmoid"}  # the Hub's gated activations -> act of the gate
+# the Hub's switches this encoder does not implement, with the only value it takes
+NOMIC_FIXED = {
+    "prenorm": False,
+    "parallel_block": False,
+    "causal": False,
+    "rotary_emb_fraction": 1.0,
+    "rotary_emb_interleaved": False,
+    "rotary_emb_scale_base": None,
+    "rotary_scaling_factor": None,
+    "use_rms_norm": None,
+}
+NOMIC_KEPT = ("max_trained_positions",)  # kept from the source and written back (the encoder reads none)
+
+
+def _nomic_hub(config, name: str, default=None):
+    value = getattr(config, name, default)
+    return default if value is None else value
+
+
+def _nomic_fields(config) -> dict:
+    if not hasattr(config, "n_embd"):  # transformers' own naming: SwiGLU without biases
+        rope = config.rope_parameters or {}
+        if rope.get("rope_type", "default") != "default":
+            raise UsageError(f"rotary scaling {rope['rope_type']!r} is not supported; expected the default rotary")
+        return {
+            **{name: getattr(config, name) for name in BERT_FIELDS if name != "hidden_act"},
+            "hidden_act": config.hidden_act,
+            "pad_token_id": config.pad_token_id or 0,
+            "position_embedding_type": "rotary",
+            "rotary_emb_base": float(rope.get("rope_theta", config.default_theta)),
+            "gated_mlp": True,
+            "attention_bias": False,
+            "mlp_bias": False,
+        }
+    for name, expected in NOMIC_FIXED.items():
+        got = getattr(config, name, expected)
+        if got != expected and not (expected is None and not got):
+            raise UsageError(f"{name}={got!r} in a NomicBERT config is not supported; expected {expected!r}")
+    activation = config.activation_function
+    act = NOMIC_GATED.get(activation, activation)
+    from transformers.activations import ACT2FN
+
+    if act not in ACT2FN:
+        raise UsageError(f"activation_function={activation!r} is not supported; expected swiglu, gelu, ...")
+    fc1, fc2 = _nomic_hub(config, "mlp_fc1_bias", True), _nomic_hub(config, "mlp_fc2_bias", True)
+    if fc1 != fc2:
+        raise UsageError(f"mlp_fc1_bias={fc1} and mlp_fc2_bias={fc2} differ; expected both biases or neither")
+    return {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.n_embd,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "intermediate_size": _nomic_hub(config, "n_inner", 4 * config.n_embd),
+        "hidden_act": act,
+        "hidden_dropout_prob": float(_nomic_hub(config, "resid_pdrop", 0.0)),
+        "attention_probs_dropout_prob": float(_nomic_hub(config, "attn_pdrop", 0.0)),
+        "max_position_embeddings": config.n_positions,
+        "type_vocab_size": _nomic_hub(config, "type_vocab_size", 2),
+        "initializer_range": _nomic_hub(config, "initializer_range", 0.02),
+        "layer_norm_eps": _nomic_hub(config, "layer_norm_epsilon", 1e-5),
+        "pad_token_id": _nomic_hub(config, "pad_token_id", 0),
+        "position_embedding_type": "rotary",
+        "rotary_emb_base": float(_nomic_hub(config, "rotary_emb_base", 10000.0)),
+        "gated_mlp": activation in NOMIC_GATED,
+        "attention_bias": _nomic_hub(config, "qkv_proj_bias", True),
+        "mlp_bias": fc1,
+        **{name: getattr(config, name) for name in NOMIC_KEPT if getattr(config, name, None) is not None},
+    }
+
+
+def _nomic_config(fields: dict) -> dict:
+    gated = fields.get("gated_mlp", False)
+    activation = (
+        {act: name for name, act in NOMIC_GATED.items()}[fields["hidden_act"]] if gated else fields["hidden_act"]
+    )
+    return {
+        # transformers' NomicBertConfig
+        **{name: fields[name] for name in BERT_FIELDS if name in fields},
+        "rope_parameters": {"rope_type": "default", "rope_theta": fields["rotary_emb_base"]},
+        # the Hub's (contrastors') names, which its remote code and the serving engines' converters read
+        "n_embd": fields["hidden_size"],
+        "n_layer": fields["num_hidden_layers"],
+        "n_head": fields["num_attention_heads"],
+        "n_inner": fields["intermediate_size"],
+        "n_positions": fields["max_position_embeddings"],
+        "layer_norm_epsilon": fields["layer_norm_eps"],
+        "activation_function": activation,
+        "resid_pdrop": fields["hidden_dropout_prob"],
+        "attn_pdrop": fields["attention_probs_dropout_prob"],
+        "embd_pdrop": fields["hidden_dropout_prob"],
+        "qkv_proj_bias": fields["attention_bias"],
+        "mlp_fc1_bias": fields["mlp_bias"],
+        "mlp_fc2_bias": fields["mlp_bias"],
+        "rotary_emb_base": fields["rotary_emb_base"],
+        **NOMIC_FIXED,
+        **{name: fields[name] for name in NOMIC_KEPT if name in fields},
+    }
+
+
+def _nomic_reference_config(config):
+    """transformers' `NomicBertConfig` of a Hub-named config (which transformers misreads), else `None`."""
+    if not hasattr(config, "n_embd"):
+        return None
+    from transformers import NomicBertConfig
+
+    return NomicBertConfig(**_nomic_config(_nomic_fields(config)))
+
+
+NOMIC_BERT = Base(
+    name="NomicBERT",
+    architectures={"nomic_bert": "NomicBertModel"},
+    read=_nomic_fields,
+    write=_nomic_config,
+    keys=NOMIC_BERT_KEYS,
+    examples=("nomic-ai/nomic-embed-text-v1.5", "nomic-ai/nomic-bert-2048", "nomic-ai/nomic-embed-text-v1"),
+    reference_config=_nomic_reference_config,
+)
+
+BASES = (BERT, MPNET, MODERNBERT, NOMIC_BERT)
 # model_type of a dense checkpoint -> its base
 BASE_OF = {model_type: base for base in BASES for model_type in base.architectures}
 
@@ -250,6 +379,7 @@ __all__ = [
     "BERT",
     "MPNET",
     "MODERNBERT",
+    "NOMIC_BERT",
     "Base",
     "base_of",
     "architecture",

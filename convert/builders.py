@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from moe_embed.convert.bases import base_of
 from moe_embed.convert.cards import PLACEHOLDER_OWNER, render_card, source_license
 from moe_embed.convert.checkpoint import (
     DenseCheckpoint,
@@ -184,9 +185,11 @@ def base_name(options: UpcycleOptions) -> str:
     return str(Path(options.base).resolve()) if Path(options.base).is_dir() else options.base
 
 
-def verify_against_dense(model, tokenizer, source: Path, prompts: dict[str, str]) -> float:
+def verify_against_dense(model, tokenizer, source: Path, prompts: dict[str, str], config=None) -> float:
     """Largest |difference| between the upcycled and the dense model's hidden states, over all prompts; the dense
-    model is the checkpoint loaded by transformers into the base's own class, independent of this package's mapping.
+    model is the checkpoint loaded by transformers into the base's own class, independent of this package's mapping
+    (with `config`, the base's transformers config, where transformers misreads the folder's own: the Hub's
+    NomicBERT configs, `Base.reference_config`).
 
     A MoTE model routes each batch by the prefix it starts with; one whose prefixes only route
     (`prefix_routes_only`) is compared, mean-pooled over the prompted text's mask, with the dense model on the
@@ -194,7 +197,8 @@ def verify_against_dense(model, tokenizer, source: Path, prompts: dict[str, str]
     """
     from transformers import AutoModel
 
-    dense = AutoModel.from_pretrained(str(source), dtype=torch.float32).eval()
+    given = {"config": config} if config is not None else {}
+    dense = AutoModel.from_pretrained(str(source), dtype=torch.float32, **given).eval()
     texts = ["Isaac Newton formulated the laws of motion.", "a short text"]
     worst = 0.0
     with torch.no_grad():
@@ -246,7 +250,8 @@ def write_upcycled(options: UpcycleOptions, source: Path, output: Path) -> Path:
             "the upcycled model is not meant to reproduce it"
         )
     else:
-        worst = verify_against_dense(upcycled.model, tokenizer, source, upcycled.prompts)
+        reference = base_of(dense.config.model_type).reference_config(dense.config)
+        worst = verify_against_dense(upcycled.model, tokenizer, source, upcycled.prompts, reference)
         logger.info("max |upcycled - dense| over all prompts: %.2e", worst)
         if worst > DENSE_TOLERANCE:
             raise UsageError(f"upcycled model differs from the dense model by {worst:.2e} (> {DENSE_TOLERANCE:g})")

@@ -159,6 +159,7 @@ DENSE_NAMES = {
     "xlm-roberta": "XLM-RoBERTa",
     "mpnet": "MPNet",
     "modernbert": "ModernBERT",
+    "nomic_bert": "NomicBERT",
 }
 
 __all__ = [

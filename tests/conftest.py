@@ -133,7 +133,11 @@ def dense_path() -> str:
 # Tiny dense models of the bases beyond BERT, in transformers' own classes with random weights
 # (`tests/data/make_tiny_bases.py`): an MPNet with tiny-minilm's uncased WordPiece vocabulary, and a ModernBERT with
 # a cased byte-level BPE one.
-TINY_BASES = {"mpnet": FIXTURE_DATA / "tiny-mpnet", "modernbert": FIXTURE_DATA / "tiny-modernbert"}
+TINY_BASES = {
+    "mpnet": FIXTURE_DATA / "tiny-mpnet",
+    "modernbert": FIXTURE_DATA / "tiny-modernbert",
+    "nomic_bert": FIXTURE_DATA / "tiny-nomic-bert",
+}
 
 
 @pytest.fixture(scope="session")

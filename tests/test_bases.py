@@ -9,6 +9,7 @@ network)."""
 
 import hashlib
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -21,11 +22,11 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from moe_embed.errors import UsageError
 
-BASES = ["bert", "mpnet", "modernbert"]
+BASES = ["bert", "mpnet", "modernbert", "nomic_bert"]
 # the architectures and the options under which an untrained upcycled model is the dense model
 ARCHS = {"mote": {}, "moe": {"norm_topk_prob": True}, "comoe": {}}
 # the dense class each base's folders are exported back to
-CLASSES = {"bert": "BertModel", "mpnet": "MPNetModel", "modernbert": "ModernBertModel"}
+CLASSES = {"bert": "BertModel", "mpnet": "MPNetModel", "modernbert": "ModernBertModel", "nomic_bert": "NomicBertModel"}
 TEXTS = [
     "Isaac Newton formulated the laws of motion and universal gravitation in the seventeenth century.",
     "cats",
@@ -122,7 +123,7 @@ def test_upcycled_bases_load_where_this_package_is_not(base, base_folders):
 # what a prefix-routed MoTE reads of "PREFIX text": the text alone where the tokenizer splits on spaces (WordPiece:
 # tiny-minilm's, MPNet's); the text after its space with a byte-level BPE one (ModernBERT's), which keeps the space
 # on the first word
-READS = {"bert": "", "mpnet": "", "modernbert": " "}
+READS = {"bert": "", "mpnet": "", "modernbert": " ", "nomic_bert": ""}
 
 
 @pytest.mark.parametrize("base", BASES)
@@ -429,3 +430,105 @@ def test_a_plain_task_head_checkpoint_of_a_base_upcycles(base, tmp_path):
     assert (got - want)[mask].abs().max() <= 1e-5
     st = SentenceTransformer(folder, trust_remote_code=True, device="cpu")  # mean pooling where the base had none
     assert st.encode(texts).shape == (2, 32)
+
+
+def hub_nomic_config(folder: str) -> dict:
+    """The Hub's form of a NomicBERT `config.json` (contrastors' `NomicBertConfig`: GPT-2's field names, the bias
+    and rotary switches, `auto_map` to the Hub's code) with the fields of the transformers-form config in `folder`."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return {
+        "architectures": ["NomicBertModel"],
+        "auto_map": {
+            "AutoConfig": "nomic-ai/nomic-bert-2048--configuration_hf_nomic_bert.NomicBertConfig",
+            "AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel",
+        },
+        "model_type": "nomic_bert",
+        "activation_function": "swiglu",
+        "n_embd": config["hidden_size"],
+        "n_head": config["num_attention_heads"],
+        "n_inner": config["intermediate_size"],
+        "n_layer": config["num_hidden_layers"],
+        "n_positions": 8192,
+        "max_trained_positions": 2048,
+        "vocab_size": config["vocab_size"],
+        "layer_norm_epsilon": config["layer_norm_eps"],
+        "rotary_emb_base": config["rope_parameters"]["rope_theta"],
+        "rotary_emb_fraction": 1.0,
+        "rotary_emb_interleaved": False,
+        "rotary_emb_scale_base": None,
+        "rotary_scaling_factor": None,
+        "qkv_proj_bias": False,
+        "mlp_fc1_bias": False,
+        "mlp_fc2_bias": False,
+        "prenorm": False,
+        "causal": False,
+        "type_vocab_size": config["type_vocab_size"],
+        "pad_token_id": config["pad_token_id"],
+        "resid_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+        "use_flash_attn": True,
+    }
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_a_nomic_checkpoint_with_the_hubs_config_upcycles_to_its_function(arch, tmp_path):
+    """nomic-embed-text-v1.5's folder as the Hub holds it: a config in contrastors' names, which transformers 5's
+    `NomicBertConfig` misreads (it keeps its defaults: `AutoModel` fails on the shapes). The converter reads those
+    names, checks the upcycled model against transformers' class loaded with the right config, and the folder is
+    the dense model."""
+    from moe_embed.convert.options import upcycle_options
+    from moe_embed.convert.upcycle import upcycle
+
+    hub = tmp_path / "hub"
+    shutil.copytree(dense_folder("nomic_bert"), hub)
+    (hub / "config.json").write_text(json.dumps(hub_nomic_config(dense_folder("nomic_bert"))))
+    with pytest.raises(RuntimeError):  # what transformers does with it alone
+        AutoModel.from_pretrained(str(hub))
+    folder = upcycle(upcycle_options(arch=arch, base=str(hub), output=tmp_path / arch, **ARCHS[arch]))
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["hidden_size"], config["rotary_emb_base"], config["gated_mlp"]) == (32, 1000.0, True)
+    assert config["max_trained_positions"] == 2048 and config["max_position_embeddings"] == 8192
+    assert_is_the_dense_model(str(folder), dense_folder("nomic_bert"))
+
+
+def test_the_nomic_key_table_reads_the_hubs_names_and_transformers_own():
+    """A NomicBERT checkpoint on disk holds the Hub's names (`Wqkv`, `fc11`/`fc12`, `norm1`, `emb_ln`: transformers
+    writes them too); transformers' class in memory has its own (`q_proj`, `gate_proj`/`up_proj`, ...). Both map
+    onto one shared state dict, the gated block's activated half first (`fc12`, `gate_proj`), and back to the
+    class's names."""
+    from safetensors.torch import load_file
+
+    from moe_embed.convert.bases import NOMIC_BERT
+
+    hub = load_file(str(TINY_BASES["nomic_bert"] / "model.safetensors"))
+    model = AutoModel.from_pretrained(dense_folder("nomic_bert"))
+    memory = model.state_dict()
+    ours = NOMIC_BERT.to_ours({f"nomic_bert.{key}": value for key, value in hub.items()})  # a masked-LM prefix
+    assert set(ours) == set(NOMIC_BERT.to_ours(memory))
+    assert all(torch.equal(ours[key], value) for key, value in NOMIC_BERT.to_ours(memory).items())
+    gated = ours["encoder.layer.2.intermediate.dense.weight"]
+    assert torch.equal(
+        gated, torch.cat([hub["encoder.layers.2.mlp.fc12.weight"], hub["encoder.layers.2.mlp.fc11.weight"]])
+    )
+    gate = memory["layers.2.mlp.gate_proj.weight"]
+    assert torch.equal(gated[: len(gate)], gate)
+    back = NOMIC_BERT.to_theirs(ours)
+    assert set(back) == set(memory) and all(torch.equal(back[key], memory[key]) for key in memory)
+    with pytest.raises(ValueError, match="a part of each is missing"):
+        NOMIC_BERT.keys.to_ours({k: v for k, v in hub.items() if "layers.1.mlp.fc11" not in k})
+
+
+@pytest.mark.parametrize(
+    "field, value", [("rotary_scaling_factor", 2.0), ("prenorm", True), ("rotary_emb_fraction", 0.5)]
+)
+def test_a_nomic_config_this_encoder_does_not_compute_is_refused(field, value, tmp_path, capsys):
+    from conftest import run_main
+
+    from moe_embed.convert.upcycle import main as upcycle_main
+
+    hub = tmp_path / "hub"
+    shutil.copytree(dense_folder("nomic_bert"), hub)
+    (hub / "config.json").write_text(json.dumps({**hub_nomic_config(dense_folder("nomic_bert")), field: value}))
+    code, err = run_main(upcycle_main, "--base", str(hub), "--output", str(tmp_path / "out"), capsys=capsys)
+    assert code == 2 and f"{field}={value!r}" in err.strip().splitlines()[-1]
+    assert not (tmp_path / "out").exists()

@@ -68,8 +68,15 @@ def routes_only_dir(dense_path, tmp_path_factory) -> str:
 
 @pytest.fixture(
     scope="module",
-    params=[("bert", False), ("bert", True), ("mpnet", False), ("modernbert", False), ("modernbert", True)],
-    ids=["prefix-fed", "prefix-routes-only", "mpnet", "modernbert", "modernbert-prefix-routes-only"],
+    params=[
+        ("bert", False),
+        ("bert", True),
+        ("mpnet", False),
+        ("modernbert", False),
+        ("modernbert", True),
+        ("nomic_bert", False),
+    ],
+    ids=["prefix-fed", "prefix-routes-only", "mpnet", "modernbert", "modernbert-prefix-routes-only", "nomic_bert"],
 )
 def folder(request, base_folders, tmp_path_factory):
     """A MoTE whose experts differ (a wrong route shows), as upcycled and with `--prefix-routes-only`, of each
@@ -203,7 +210,7 @@ def test_the_exported_graphs_route_and_embed_as_sentence_transformers(trained_mo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("base", ["mpnet", "modernbert"])
+@pytest.mark.parametrize("base", ["mpnet", "modernbert", "nomic_bert"])
 def test_the_exported_graphs_of_every_base_route_and_embed_as_sentence_transformers(
     base, base_folders, tmp_path_factory
 ):

@@ -1,5 +1,6 @@
-"""Make `tests/data/tiny-mpnet/` and `tests/data/tiny-modernbert/`: tiny dense models of the bases beyond BERT, in
-transformers' own classes (`MPNetModel`, `ModernBertModel`) with random weights, laid out as the Sentence-Transformers
+"""Make `tests/data/tiny-mpnet/`, `tests/data/tiny-modernbert/` and `tests/data/tiny-nomic-bert/`: tiny dense models of
+the bases beyond BERT, in transformers' own classes (`MPNetModel`, `ModernBertModel`, `NomicBertModel`) with random
+weights, laid out as the Sentence-Transformers
 folders users embed with are, for the contract tests of every base.
 
 - tiny-mpnet: an MPNet as all-mpnet-base-v2 is (mean pooling, normalisation; positions from the padding index + 1;
@@ -12,6 +13,10 @@ folders users embed with are, for the contract tests of every base.
   (`LOCAL_ATTENTION`) is short, so that a test text reaches beyond it. Its `config.json` has the Hub's form of
   ModernBERT's fields (`global_rope_theta`, `global_attn_every_n_layers`, ...), which transformers 5 reads into its
   newer ones.
+- tiny-nomic-bert: a NomicBERT as nomic-embed-text-v1.5 is (mean pooling, normalisation; rotary positions, post-LN,
+  SwiGLU, no biases), with tiny-minilm's vocabulary and word embeddings, saved by transformers (its `config.json` in
+  transformers' names, its weights in the Hub's: `Wqkv`, `fc11`/`fc12`, `norm1`, `emb_ln`). The tests write the Hub's
+  form of its config (`hub_nomic_config`) themselves.
 
 Weights are drawn from a fixed seed and scaled up from transformers' initialisation (std `WEIGHT_STD`, norms away
 from 1, a relative bias of std `BIAS_STD`), so that every part of each layer changes the outputs. Run it again to
@@ -195,6 +200,34 @@ def make_modernbert(tmp: Path, tiny: Path) -> None:
     st_files(tmp, "cls", "tiny-modernbert", about)
 
 
+def make_nomic_bert(tmp: Path, tiny: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import BertTokenizerFast, NomicBertConfig, NomicBertModel
+
+    tokenizer = BertTokenizerFast.from_pretrained(str(tiny))
+    tokenizer.model_max_length = 8192
+    tokenizer.save_pretrained(str(tmp))
+    config = NomicBertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS,
+        intermediate_size=INTERMEDIATE,
+        max_position_embeddings=8192,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0},  # nomic-embed-text-v1.5's base
+    )
+    torch.manual_seed(SEED)
+    model = NomicBertModel(config).eval()
+    perturb(model, torch.Generator().manual_seed(SEED + 3))
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight.copy_(
+            load_file(str(tiny / "model.safetensors"))["embeddings.word_embeddings.weight"]
+        )
+    model.save_pretrained(str(tmp))
+    about = "A tiny NomicBERT (random layers, tiny-minilm's vocabulary and word embeddings)."
+    st_files(tmp, "mean", "tiny-nomic-bert", about)
+
+
 def write(name: str, make, tiny: Path) -> None:
     output = HERE / name
     with tempfile.TemporaryDirectory(dir=HERE) as scratch:
@@ -215,6 +248,7 @@ def main() -> None:
     tiny = HERE / "tiny-minilm"
     write("tiny-mpnet", make_mpnet, tiny)
     write("tiny-modernbert", make_modernbert, tiny)
+    write("tiny-nomic-bert", make_nomic_bert, tiny)
 
 
 if __name__ == "__main__":
